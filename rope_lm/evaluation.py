@@ -1,8 +1,9 @@
 """Perplexity past the training length (DESIGN.md, "Evaluation, precisely").
 
 ppl@L: the first N+1 tokens of the evaluation split, N a multiple of the
-longest L, are cut into N/L non-overlapping windows of L inputs; each window
-starts fresh, so every L scores exactly the same N target tokens.
+longest L, are cut into non-overlapping windows of L inputs (the last one
+shorter where L does not divide N); each window starts fresh, so every L
+scores exactly the same N target tokens.
 PPL = exp(mean token cross-entropy). Tokens at window positions >= L_train
 are also reported on their own: that is where extrapolation happens.
 """
@@ -84,10 +85,13 @@ def token_losses(model, windows: torch.Tensor, targets: torch.Tensor, batch_toke
     return torch.cat(out)
 
 
-def _bucket(per_pos: torch.Tensor, buckets: int) -> dict:
+def _bucket(per_pos: torch.Tensor, buckets: int, count: torch.Tensor | None = None) -> dict:
+    """Means over buckets of positions, weighted by how many tokens each position scored."""
     L = per_pos.numel()
     width = max(1, math.ceil(L / buckets))
-    means = [float(per_pos[s : s + width].mean()) for s in range(0, L, width)]
+    weight = torch.ones(L, dtype=torch.float64) if count is None else count.double()
+    means = [float((per_pos[s : s + width].double() * weight[s : s + width]).sum() / weight[s : s + width].sum())
+             for s in range(0, L, width)]
     return {"width": width, "start": list(range(0, L, width)), "loss": means}
 
 
@@ -97,26 +101,34 @@ def _ppl(loss: float | None) -> float | None:
 
 def ppl_at_length(model, stream: np.ndarray, L: int, n: int, train_len: int, batch_tokens: int, buckets: int) -> dict:
     tokens = torch.from_numpy(np.asarray(stream[: n + 1], dtype=np.int64))
-    windows = tokens[:-1].view(-1, L)
-    targets = tokens[1:].view(-1, L)
-    losses = token_losses(model, windows, targets, batch_tokens)
-    per_pos = losses.mean(0)
-    loss = float(losses.mean())
-    within = float(losses[:, :train_len].mean())
-    beyond = float(losses[:, train_len:].mean()) if L > train_len else None
+    full = n // L
+    # A length that does not divide N (1.25 x L_train, say) ends in one shorter
+    # window, so that every length still scores exactly the same N targets.
+    spans = [(0, full * L, L)] + ([(full * L, n, n - full * L)] if n % L else [])
+    total = torch.zeros(L, dtype=torch.float64)  # loss summed over windows, per position
+    count = torch.zeros(L, dtype=torch.float64)
+    for start, end, width in spans:
+        losses = token_losses(model, tokens[start:end].view(-1, width), tokens[start + 1 : end + 1].view(-1, width), batch_tokens)
+        total[:width] += losses.double().sum(0)
+        count[:width] += losses.shape[0]
+    per_pos = (total / count.clamp(min=1)).float()
+    loss = float(total.sum() / n)
+    within = float(total[:train_len].sum() / count[:train_len].sum())
+    beyond_count = int(count[train_len:].sum())
+    beyond = float(total[train_len:].sum() / beyond_count) if beyond_count else None
     return {
         "length": L,
         "ratio": L / train_len,
-        "tokens": int(losses.numel()),
-        "windows": int(windows.shape[0]),
+        "tokens": n,
+        "windows": full + (1 if n % L else 0),
         "loss": loss,
         "ppl": _ppl(loss),
         "loss_within": within,
         "ppl_within": _ppl(within),
         "loss_beyond": beyond,
         "ppl_beyond": _ppl(beyond),
-        "tokens_beyond": int(losses[:, train_len:].numel()),
-        "per_position": _bucket(per_pos, buckets),
+        "tokens_beyond": beyond_count,
+        "per_position": _bucket(per_pos, buckets, count),
     }
 
 

@@ -123,8 +123,10 @@ def evaluate_and_report(model, cache, eval_cfg: EvalConfig, methods: list[dict |
     results["eval"] = {"split": eval_cfg.split, "lengths": lengths,
                        "scored_tokens": scored_tokens(len(stream), lengths, eval_cfg.token_budget, eval_cfg.split),
                        "split_tokens": int(len(stream)), "token_budget": eval_cfg.token_budget}
+    # "complete" only once every method and length is in: a crash part-way leaves "evaluating".
+    done, results["status"] = results.get("status", "complete"), "evaluating"
     try:
-        for options in methods:
+        for i, options in enumerate(methods):
             model.set_scaling(options)
             label = method_label(options)
             from rope_lm.positional import PosContext
@@ -140,6 +142,7 @@ def evaluate_and_report(model, cache, eval_cfg: EvalConfig, methods: list[dict |
                 log.info("ppl@%d [%s] = %.3f%s", row["length"], label, row["ppl"], extra)
 
             evaluate_lengths(model, stream, eval_cfg, results["train_len"], on_result)
+            results["status"] = done if i == len(methods) - 1 else "evaluating"
             write_views(results, out_dir)
     finally:
         model.set_scaling(original)

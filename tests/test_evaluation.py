@@ -49,6 +49,35 @@ def test_ppl_at_length_equals_a_hand_computation(model, stream):
     assert row["per_position"]["loss"][0] == pytest.approx(sum(first_bucket) / len(first_bucket), rel=1e-5)
 
 
+def test_a_length_that_does_not_divide_the_budget_ends_in_a_shorter_window(model, stream):
+    L, n = 12, 64  # 5 windows of 12 and one of 4: 1.5 x L_train, as the pe_extrapolation preset evaluates
+    row = ppl_at_length(model, stream, L, n, train_len=8, batch_tokens=32, buckets=12)
+    nll = []
+    for t in range(n):
+        w0 = (t // L) * L
+        nll.append(hand_nll(model, [int(v) for v in stream[w0 : t + 1]], int(stream[t + 1])))
+    pos = [t % L for t in range(n)]
+    assert row["tokens"] == n and row["windows"] == 6
+    assert row["ppl"] == pytest.approx(math.exp(sum(nll) / n), rel=1e-5)
+    beyond = [v for v, p in zip(nll, pos) if p >= 8]
+    assert row["tokens_beyond"] == len(beyond) == 20
+    assert row["loss_beyond"] == pytest.approx(sum(beyond) / len(beyond), rel=1e-5)
+    for p in (0, 3, 4, 11):  # positions the short window covers (6 scores) and does not (5)
+        at_p = [v for v, q in zip(nll, pos) if q == p]
+        assert row["per_position"]["loss"][p] == pytest.approx(sum(at_p) / len(at_p), rel=1e-5)
+    # A bucket across the short window's end (positions 0-5; 0-3 scored 6 times, 4-5 5 times) is the token mean.
+    coarse = ppl_at_length(model, stream, L, n, train_len=8, batch_tokens=32, buckets=2)["per_position"]
+    first = [v for v, q in zip(nll, pos) if q < 6]
+    assert coarse["width"] == 6 and coarse["loss"][0] == pytest.approx(sum(first) / len(first), rel=1e-5)
+
+
+def test_fractional_multipliers_score_the_same_tokens(model, stream):
+    cfg = EvalConfig(multipliers=[1, 1.25, 1.5, 2, 4], token_budget=100, batch_tokens=64, position_buckets=4)
+    rows = evaluate_lengths(model, stream, cfg, train_len=8)
+    assert [r["length"] for r in rows] == [8, 10, 12, 16, 32]
+    assert {r["tokens"] for r in rows} == {96}
+
+
 def test_every_length_scores_the_same_tokens(model, stream):
     cfg = EvalConfig(multipliers=[1, 2, 4], token_budget=100, batch_tokens=64, position_buckets=4)
     rows = evaluate_lengths(model, stream, cfg, train_len=8)

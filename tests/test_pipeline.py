@@ -18,3 +18,32 @@ def test_tiny_train_and_eval_writes_results(tiny_config, tmp_path):
     assert saved["training"]["steps"] == 6
     assert results["results"][1]["loss_beyond"] is not None and results["results"][0]["loss_beyond"] is None
     assert "| none |" in open(os.path.join(out, "results.md")).read()
+
+
+def test_fractional_multipliers_as_the_pe_extrapolation_preset_uses(tiny_config, tmp_path):
+    tiny_config["eval"]["multipliers"] = [1, 1.25, 1.5, 2, 4]
+    out = str(tmp_path / "run")
+    train_and_evaluate(tiny_config, out)
+    saved = json.load(open(os.path.join(out, "results.json")))
+    assert [r["length"] for r in saved["results"]] == [16, 20, 24, 32, 64]
+    assert {r["tokens"] for r in saved["results"]} == {256} and saved["status"] == "complete"
+
+
+def test_a_crash_during_evaluation_is_not_reported_as_complete(tiny_config, tmp_path, monkeypatch):
+    import pytest
+
+    import rope_lm.evaluation as evaluation
+
+    real = evaluation.ppl_at_length
+
+    def fails_at_the_second_length(model, stream, L, *args):
+        if L > 16:
+            raise RuntimeError("simulated failure")
+        return real(model, stream, L, *args)
+
+    monkeypatch.setattr(evaluation, "ppl_at_length", fails_at_the_second_length)
+    out = str(tmp_path / "run")
+    with pytest.raises(RuntimeError, match="simulated"):
+        train_and_evaluate(tiny_config, out)
+    saved = json.load(open(os.path.join(out, "results.json")))
+    assert [r["length"] for r in saved["results"]] == [16] and saved["status"] == "evaluating"
