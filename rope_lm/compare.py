@@ -22,7 +22,7 @@ import os
 import re
 
 from rope_lm.errors import ConfigError
-from rope_lm.report import RESULTS_JSON, atomic_write
+from rope_lm.report import RESULTS_JSON, atomic_write, log_binned
 
 log = logging.getLogger("rope_lm")
 
@@ -327,11 +327,10 @@ def plot_per_position(g: Group, path: str, title: str):
         pp = s.rows[L].get("per_position")
         if not pp:
             continue
-        xs = [start + pp["width"] / 2 for start in pp["start"]]
-        ax.plot(xs, pp["loss"], color=color, linestyle=dash, label=f"{s.label} (L={L})")
+        ax.plot(*log_binned(pp, L), marker=".", color=color, linestyle=dash, label=f"{s.label} (L={L})")
     ax.axvline(g.key.train_len, color="grey", linestyle="--", linewidth=1, label=f"L_train = {g.key.train_len}")
     ax.set_xscale("log", base=2)
-    ax.set_xlabel("position in the evaluation window (tokens, log scale; bucket centres)")
+    ax.set_xlabel("position in the evaluation window (tokens, log scale; 4 bins per doubling)")
     ax.set_ylabel("mean token loss (nats)")
     ax.set_title(f"{title}\nper-position loss at the longest length — {g.key.describe()}", fontsize=10)
     ax.grid(True, which="both", alpha=0.3)

@@ -257,3 +257,24 @@ def test_rope_scaling_and_finetune_presets():
     cfg, sweep = compose(["+experiment=finetune_extension"])
     assert sweep == {"scaling": "pi,ntk,yarn"} and cfg["data"]["seq_len"] == 4 * 64
     assert cfg["init_from"] and "required" in cfg["init_from"]  # never silently null: init_from refuses it
+
+
+def test_per_position_log_bins_keep_the_token_mean_and_widen_with_position():
+    from rope_lm.report import log_binned
+
+    L, width = 62, 4  # the last bucket holds positions 60-61 only
+    starts = list(range(0, L, width))
+    losses = [float(s) for s in starts]
+    centres, means = log_binned({"start": starts, "width": width, "loss": losses}, L, per_octave=2)
+    sizes = [min(width, L - s) for s in starts]
+    assert centres == sorted(centres) and len(centres) < len(starts)
+    # Bin means weighted by the positions they cover give back the overall token mean.
+    edges = [0]
+    for c in centres[:-1]:
+        edges.append(2 * c - edges[-1])  # each bin is centred on its span
+    covered = [(2 * c - 2 * e) for c, e in zip(centres, edges)]
+    assert sum(covered) == L
+    assert sum(m * n for m, n in zip(means, covered)) == pytest.approx(sum(v * n for v, n in zip(losses, sizes)))
+    # Two bins per doubling: buckets centred at 2 and 6 stay apart; 34 ... 61 (one octave and a bit) merge into <= 3 bins.
+    assert means[0] == 0.0 and means[1] == 4.0
+    assert sum(1 for c in centres if c > 32) <= 3
