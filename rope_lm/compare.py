@@ -279,10 +279,19 @@ def to_csv(rows: list[dict]) -> str:
     return buf.getvalue()
 
 
-def _styles(n: int):
-    """Distinct colour/line-style pairs: tab10 colours, then a new dash pattern."""
+def _styles(series: list[Series]):
+    """A colour per series, except that a method's variants (`ntk` and
+    `ntk+logn`) share one and differ in dash, so they read as a pair. Past ten
+    colours, a new dash pattern keeps colours apart."""
     dashes = ["-", "--", ":", "-."]
-    return [(f"C{i % 10}", dashes[(i // 10) % len(dashes)]) for i in range(n)]
+    colours, variants, out = {}, {}, []
+    for s in series:
+        modifiers = s.method.partition("+")[2]
+        base = s.label[: -len(modifiers) - 1] if modifiers and s.label.endswith("+" + modifiers) else s.label
+        c = colours.setdefault(base, len(colours))
+        v = variants.setdefault(modifiers, len(variants))
+        out.append((f"C{c % 10}", dashes[(c // 10 + v) % len(dashes)]))
+    return out
 
 
 def _save(fig, path: str):
@@ -298,7 +307,7 @@ def plot_ppl(g: Group, path: str, title: str):
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(8.5, 5))
-    for s, (color, dash) in zip(g.series, _styles(len(g.series))):
+    for s, (color, dash) in zip(g.series, _styles(g.series)):
         Ls = sorted(L for L in s.rows if s.ppl(L) is not None)
         ax.plot(Ls, [s.ppl(L) for L in Ls], marker="o", markersize=4, color=color, linestyle=dash, label=s.label)
     ax.axvline(g.key.train_len, color="grey", linestyle="--", linewidth=1, label=f"L_train = {g.key.train_len}")
@@ -322,7 +331,7 @@ def plot_per_position(g: Group, path: str, title: str):
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(8.5, 5))
-    for s, (color, dash) in zip(g.series, _styles(len(g.series))):
+    for s, (color, dash) in zip(g.series, _styles(g.series)):
         L = max(s.rows)
         pp = s.rows[L].get("per_position")
         if not pp:

@@ -209,7 +209,7 @@ def attention_entropy(model, windows: torch.Tensor, train_len: int, buckets: int
 def _ctx(model, T):
     from rope_lm.positional import PosContext
 
-    return PosContext(seq_len=T, train_len=model.cfg.train_len, scaling=model.scaling)
+    return PosContext(seq_len=T, train_len=model.cfg.train_len, scaling=model.scaling, tuned_len=model.cfg.tuned_len)
 
 
 def plot_entropy(result: dict, path: str, title: str = ""):

@@ -41,12 +41,12 @@ def warmup_cosine(step: int, warmup: int, total: int, min_ratio: float) -> float
 class LitLM(L.LightningModule):
     def __init__(self, model: dict, pos: dict, scaling: dict | None, optim: dict, vocab_size: int,
                  train_len: int, max_steps: int, corpus: dict | None = None, data: dict | None = None,
-                 compile: bool = False, skip_nonfinite: int = 0):
+                 compile: bool = False, skip_nonfinite: int = 0, tuned_len: int | None = None):
         super().__init__()
         self.save_hyperparameters()
         self.optim = OptimConfig(**optim)
         self.optim.validate()
-        self.model = build_model(model, pos, scaling, vocab_size, train_len)
+        self.model = build_model(model, pos, scaling, vocab_size, train_len, tuned_len)
         self.max_steps = max_steps
         self.skips_left = skip_nonfinite
         self.tokenizer_json: str | None = None  # carried in checkpoints so evaluation re-uses the exact tokenizer

@@ -26,6 +26,7 @@ class ModelConfig:
     tie_embeddings: bool = True
     bias: bool = False
     attention: str = "auto"  # one of attention.KERNELS
+    tuned_len: int | None = None  # set by a fine-tune (init_from): see PosContext.tuned_len
 
     def validate(self):
         if self.d_model % self.n_head:
@@ -134,7 +135,7 @@ class TransformerLM(nn.Module):
             # them in again every step; evaluation does not (keep_freed_memory).
             keep_freed_memory(torch.is_grad_enabled())
         T = idx.shape[1]
-        ctx = PosContext(seq_len=T, train_len=self.cfg.train_len, scaling=self.scaling)
+        ctx = PosContext(seq_len=T, train_len=self.cfg.train_len, scaling=self.scaling, tuned_len=self.cfg.tuned_len)
         if pos is None:
             pos = torch.arange(T, device=idx.device)
         pos = self.scaling.map_positions(pos, self.pos_scheme, ctx)
@@ -145,15 +146,17 @@ class TransformerLM(nn.Module):
         return self.lm_head(self.norm(x))
 
 
-def build_model(model: dict, pos: dict, scaling: dict | None, vocab_size: int, train_len: int) -> TransformerLM:
-    fields = set(ModelConfig.__dataclass_fields__) - {"vocab_size", "train_len"}
+def build_model(model: dict, pos: dict, scaling: dict | None, vocab_size: int, train_len: int,
+                tuned_len: int | None = None) -> TransformerLM:
+    fields = set(ModelConfig.__dataclass_fields__) - {"vocab_size", "train_len", "tuned_len"}
     unknown = set(model) - fields - {"name"}
     if unknown:
         raise ConfigError(
             f"Unknown model setting(s) {', '.join(sorted(unknown))}; valid `model.*` settings are "
             f"{', '.join(sorted(fields))}."
         )
-    cfg = ModelConfig(vocab_size=vocab_size, train_len=train_len, **{k: v for k, v in model.items() if k in fields})
+    cfg = ModelConfig(vocab_size=vocab_size, train_len=train_len, tuned_len=tuned_len,
+                      **{k: v for k, v in model.items() if k in fields})
     return TransformerLM(cfg, pos, scaling)
 
 

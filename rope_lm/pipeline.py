@@ -131,7 +131,8 @@ def evaluate_and_report(model, cache, eval_cfg: EvalConfig, methods: list[dict |
             label = method_label(options)
             from rope_lm.positional import PosContext
 
-            ctx = PosContext(seq_len=max(lengths), train_len=model.cfg.train_len, scaling=model.scaling)
+            ctx = PosContext(seq_len=max(lengths), train_len=model.cfg.train_len, scaling=model.scaling,
+                             tuned_len=model.cfg.tuned_len)
             results["methods"][label] = {"options": options, **model.scaling.describe(model.pos_scheme, ctx)}
 
             def on_result(row, label=label):
@@ -299,7 +300,8 @@ def load_init_from(cfg: dict, data_cfg: DataConfig, eval_cfg: EvalConfig, out_di
     """`init_from=<ckpt or run dir>`: start from a trained model's weights.
 
     The new model keeps the checkpoint's training length (so a method with
-    `factor: auto` sees s = data.seq_len / L_original) and its vocabulary, and
+    `factor: auto` trains at s = data.seq_len / L_original, and is evaluated
+    at that s on shorter sequences, PosContext.tuned_len) and its vocabulary, and
     the corpus is tokenized with the checkpoint's tokenizer. model.* and pos.*
     must equal the checkpoint's; a difference is refused here, before any data
     or training work. Returns None without init_from, else what
@@ -341,17 +343,20 @@ def load_init_from(cfg: dict, data_cfg: DataConfig, eval_cfg: EvalConfig, out_di
             f.write(saved["tokenizer_json"])
         data_cfg = dataclasses.replace(data_cfg, tokenizer_file=tok_path)
     log.info("Fine-tuning %s (trained at L=%d) at data.seq_len=%d", path, train_len, data_cfg.seq_len)
-    return {"path": path, "train_len": train_len, "vocab_size": vocab_size, "weights": weights, "data_cfg": data_cfg}
+    tuned_len = max(data_cfg.seq_len, int(hp.get("tuned_len") or 0))
+    return {"path": path, "train_len": train_len, "tuned_len": tuned_len, "vocab_size": vocab_size, "weights": weights,
+            "data_cfg": data_cfg}
 
 
 def init_from_hparams(init: dict, hparams: dict) -> None:
-    """Give the new LitLM the checkpoint's training length and vocabulary."""
+    """Give the new LitLM the checkpoint's training length and vocabulary, and
+    the length it is now fine-tuned at (PosContext.tuned_len)."""
     if hparams["vocab_size"] > init["vocab_size"]:
         raise ConfigError(
             f"The fine-tuning corpus is tokenized into {hparams['vocab_size']} tokens but init_from's model has "
             f"{init['vocab_size']}; fine-tune with the checkpoint's tokenizer (leave data.tokenizer_file unset)."
         )
-    hparams.update(vocab_size=init["vocab_size"], train_len=init["train_len"])
+    hparams.update(vocab_size=init["vocab_size"], train_len=init["train_len"], tuned_len=init["tuned_len"])
 
 
 def apply_init_from(init: dict, lit) -> None:

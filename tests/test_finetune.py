@@ -36,6 +36,35 @@ def test_finetune_continues_from_the_checkpoint_at_a_longer_length(tiny_config, 
         torch.testing.assert_close(tuned["state_dict"][key], value, rtol=0, atol=1e-6)
     assert [r["length"] for r in results["results"]] == [32, 64]
     assert results["methods"]["pi"]["scale"] == 64 / 16
+    assert hp["tuned_len"] == 32
+
+
+def test_a_finetuned_model_keeps_its_scale_on_shorter_sequences(tiny_config, tmp_path):
+    from rope_lm.lit import LitLM
+    from rope_lm.positional import PosContext
+    from rope_lm.positional.rope import default_inv_freq
+
+    base_dir = str(tmp_path / "base")
+    base_cfg = copy.deepcopy(tiny_config)
+    base_cfg["eval"]["multipliers"] = [1]
+    base_cfg["trainer"].update(max_steps=2, val_every_n_steps=2, ckpt_every_n_steps=2)
+    train_and_evaluate(base_cfg, base_dir)
+    cfg = copy.deepcopy(tiny_config)
+    cfg.update(init_from=base_dir, scaling={"name": "pi", "factor": "auto"})
+    cfg["data"]["seq_len"] = 64  # s = 64 / 16 = 4 while fine-tuning
+    cfg["trainer"].update(max_steps=2, val_every_n_steps=2, ckpt_every_n_steps=2)
+    cfg["eval"]["lengths"] = [16, 64, 128]
+    out = str(tmp_path / "finetune")
+    results = train_and_evaluate(cfg, out)
+    model = LitLM.load_from_checkpoint(os.path.join(out, "checkpoints", "last.ckpt"), map_location="cpu").model
+    scheme = model.pos_scheme
+    plain = default_inv_freq(scheme.rot_dim, scheme.base).double()
+    for T, s in ((16, 4.0), (64, 4.0), (128, 8.0)):  # the fine-tuned s at and below L' = 64, T / L past it
+        ctx = PosContext(seq_len=T, train_len=model.cfg.train_len, scaling=model.scaling, tuned_len=model.cfg.tuned_len)
+        assert model.scaling.scale(ctx) == s
+        torch.testing.assert_close(model.scaling.rope_frequencies(scheme.rot_dim, scheme.base, ctx)[0].double(), plain / s,
+                                   rtol=1e-6, atol=0)
+    assert [results["methods"]["pi"]["scale"], [r["length"] for r in results["results"]]] == [8.0, [16, 64, 128]]
 
 
 def test_init_from_refuses_a_different_model_before_any_work(tiny_config, tmp_path):

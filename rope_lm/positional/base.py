@@ -30,6 +30,10 @@ class PosContext:
     seq_len: int
     train_len: int
     scaling: Any  # rope_lm.scaling.ScalingMethod
+    # The length a fine-tune trained the scaling at (init_from), else None; a
+    # `factor: auto` method never scales below it, so a model fine-tuned at
+    # s = 4 is evaluated at s = 4 on shorter sequences too.
+    tuned_len: int | None = None
     cache: dict = field(default_factory=dict)  # shared by all layers of one forward
 
 

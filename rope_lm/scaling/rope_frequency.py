@@ -5,7 +5,9 @@ classes here choose the target length for each forward:
 
 * ``factor: auto`` (the default): s = max(1, T / L) for the current sequence
   length T and the training length L, so every evaluated length gets the
-  scale it needs and lengths <= L run plain RoPE.
+  scale it needs and lengths <= L run plain RoPE. After a fine-tune at L'
+  (init_from), s = max(L', T) / L: the fine-tuned scale on shorter sequences,
+  growing with T past L'.
 * ``factor: <number>`` (>= 1): a static scale, as in a Hugging Face config's
   ``rope_scaling.factor``, applied at every length, including during training.
 
@@ -62,7 +64,7 @@ class FrequencyMethod(ScalingMethod):
 
     def scale(self, ctx) -> float:
         if self.factor == "auto":
-            return max(1.0, ctx.seq_len / ctx.train_len)
+            return max(1.0, max(ctx.seq_len, ctx.tuned_len or 0) / ctx.train_len)
         return self.factor
 
     def target_len(self, ctx) -> float:
