@@ -195,6 +195,12 @@ def _short(path: str) -> str:
     return os.sep.join(parts[-2:])
 
 
+def _from_here(path: str) -> str:
+    """Relative to the working directory when under it, so a committed CSV names no home folder."""
+    rel = os.path.relpath(path)
+    return path if rel.startswith("..") else rel
+
+
 def _label(g: Group):
     """scheme (+ method unless direct); the run directory is added where two
     series would otherwise share a name."""
@@ -266,7 +272,7 @@ def csv_rows(groups: list[Group]) -> list[dict]:
                     "train_len": s.train_len, "length": L, "ratio": L / s.train_len, "ppl": r.get("ppl"),
                     "ppl_rel": _rel(s, L), "ppl_within": r.get("ppl_within"), "ppl_beyond": r.get("ppl_beyond"),
                     "loss": r.get("loss"), "tokens": r.get("tokens"), "corpus": g.key.fingerprint,
-                    "split": g.key.split, "tokenizer": g.key.tokenizer, "run_dir": s.run_dir,
+                    "split": g.key.split, "tokenizer": g.key.tokenizer, "run_dir": _from_here(s.run_dir),
                 })
     return rows
 
@@ -295,8 +301,16 @@ def _styles(series: list[Series]):
 
 
 def _save(fig, path: str):
+    """Write the figure as a 256-colour PNG: line plots use a few dozen
+    colours, and the palette makes the file a third of the size, small enough
+    to commit next to a results page."""
+    from PIL import Image
+
     tmp = path + ".tmp.png"
     fig.savefig(tmp, dpi=110, bbox_inches="tight")
+    with Image.open(tmp) as im:
+        small = im.convert("RGB").quantize(colors=256, method=Image.Quantize.MEDIANCUT)
+    small.save(tmp, optimize=True)
     os.replace(tmp, path)
 
 

@@ -1,7 +1,8 @@
 """Study finetune_extension: PI vs NTK vs YaRN, each given a short fine-tune at
-4 x L_train from the same RoPE checkpoint, next to the same methods zero-shot.
+4 x L_train from the same RoPE checkpoint, next to the same methods zero-shot;
+`none` is fine-tuned the same way as the control.
 
-    python scripts/study_finetune_extension.py                            # base model + everything (~8 min, idle 2-core CPU)
+    python scripts/study_finetune_extension.py                            # base model + everything (~6 min, idle 2-core CPU)
     python scripts/study_finetune_extension.py --base outputs/studies/rope_scaling/<time>/train
     python scripts/study_finetune_extension.py --steps 300 --methods pi yarn
     python scripts/study_finetune_extension.py data=wikitext2 data.path=../shared/data/wikitext-2
@@ -54,13 +55,16 @@ def main(argv: list[str]):
     if lit.model.pos_scheme.family != "rotary":
         raise ConfigError(f"{base} holds a {lit.model.pos_scheme.name!r} model; this study fine-tunes RoPE scaling methods.")
     lengths = f"[{','.join(str(L * m) for m in (1, 2, 4, 8, 16))}]"
+    # `none` fine-tuned too: the control that separates what a method adds from what more training at the
+    # longer length alone does.
+    runs = list(dict.fromkeys(["none", *args.methods]))
     budget = token_budget(base)
-    evaluate(ckpt, ["none", *args.methods], os.path.join(out, "zero_shot"),
+    evaluate(ckpt, runs, os.path.join(out, "zero_shot"),
              [f"eval.lengths={lengths}", f"eval.token_budget={budget}", "eval.position_buckets=128"])
     # The base's model and position settings are the preset's unless overridden; init_from refuses a mismatch.
-    run_step(f"fine-tune at {args.factor * L} ({', '.join(args.methods)})",
+    run_step(f"fine-tune at {args.factor * L} ({', '.join(runs)})",
              ["train.py", "-m", "+experiment=finetune_extension", f"init_from={os.path.abspath(ckpt)}",
-              f"scaling={','.join(args.methods)}", f"data.seq_len={args.factor * L}", f"eval.lengths={lengths}",
+              f"scaling={','.join(runs)}", f"data.seq_len={args.factor * L}", f"eval.lengths={lengths}",
               f"eval.token_budget={budget}", f"hydra.sweep.dir={os.path.abspath(os.path.join(out, 'finetune'))}",
               *([f"trainer.max_steps={args.steps}"] if args.steps else []), *args.overrides])
     data_name = (lit.hparams.get("data") or {}).get("name", "data")

@@ -255,7 +255,7 @@ def test_rope_scaling_and_finetune_presets():
     cfg, _ = compose(["+experiment=rope_scaling"])
     assert cfg["pos"]["name"] == "rope" and cfg["eval"]["multipliers"] == [1, 2, 4, 8, 16]
     cfg, sweep = compose(["+experiment=finetune_extension"])
-    assert sweep == {"scaling": "pi,ntk,yarn"} and cfg["data"]["seq_len"] == 4 * 64
+    assert sweep == {"scaling": "none,pi,ntk,yarn"} and cfg["data"]["seq_len"] == 4 * 64
     assert cfg["init_from"] and "required" in cfg["init_from"]  # never silently null: init_from refuses it
 
 

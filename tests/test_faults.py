@@ -71,6 +71,12 @@ def test_two_processes_building_the_same_cache_do_not_corrupt_it(tiny_data_optio
 def test_atomic_write_leaves_the_previous_file_when_interrupted(tmp_path, monkeypatch):
     path = tmp_path / "results.json"
     atomic_write(str(path), json.dumps({"v": 1}))
+    umask = os.umask(0o022)
+    try:
+        atomic_write(str(path), json.dumps({"v": 1}))
+        assert path.stat().st_mode & 0o777 == 0o644  # readable like any file the user writes, not mkstemp's 0600
+    finally:
+        os.umask(umask)
 
     def broken_fsync(fd):
         raise KeyboardInterrupt  # a kill mid-write
