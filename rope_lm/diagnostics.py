@@ -174,7 +174,7 @@ def attention_entropy(model, windows: torch.Tensor, train_len: int, buckets: int
             model(windows[s : s + batch_size].to(device))
     mean = (total / N).float()  # (L, H, T)
     n_keys = torch.arange(1, T + 1, dtype=torch.float32)  # keys in view of each query
-    window = model.scaling.attention_plan(torch.arange(T), _ctx(model, T)).window
+    window = model.scaling.attention_plan(torch.arange(T), model.context(T)).window
     if window:
         n_keys = n_keys.clamp(max=window)
     uniform = n_keys.log()
@@ -204,12 +204,6 @@ def attention_entropy(model, windows: torch.Tensor, train_len: int, buckets: int
         "layers": layers,
         "entropy": bucketed(mean), "normalized_entropy": bucketed(normalized), "uniform_entropy": bucketed(uniform),
     }
-
-
-def _ctx(model, T):
-    from rope_lm.positional import PosContext
-
-    return PosContext(seq_len=T, train_len=model.cfg.train_len, scaling=model.scaling, tuned_len=model.cfg.tuned_len)
 
 
 def plot_entropy(result: dict, path: str, title: str = ""):
@@ -306,7 +300,7 @@ def checkpoint_rope_frequencies(model, length: int) -> tuple[torch.Tensor, float
     if not hasattr(scheme, "rot_dim") or not hasattr(scheme, "base") or scheme.family != "rotary":
         raise ConfigError(f"The checkpoint's scheme {scheme.name!r} is not RoPE-like (family {scheme.family!r}); "
                           f"the decay curve is defined for rotary schemes. Leave out the checkpoint to plot bases and head dims.")
-    inv_freq, factor = model.scaling.rope_frequencies(scheme.rot_dim, float(scheme.base), _ctx(model, length))
+    inv_freq, factor = model.scaling.rope_frequencies(scheme.rot_dim, float(scheme.base), model.context(length))
     label = getattr(model.scaling, "label", model.scaling.name)
     return inv_freq.to(torch.float64), float(factor), f"checkpoint: d={scheme.rot_dim}, base {scheme.base:g}, {label} at {length}"
 
@@ -331,7 +325,7 @@ def checkpoint_position_table(model, n: int) -> torch.Tensor:
     formula, under the model's extrapolation method)."""
     scheme = model.pos_scheme
     model.validate_length(n)
-    ctx = _ctx(model, n)
+    ctx = model.context(n)
     pos = model.scaling.map_positions(torch.arange(n), scheme, ctx)
     p = next(model.parameters())
     with torch.no_grad():

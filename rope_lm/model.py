@@ -128,6 +128,11 @@ class TransformerLM(nn.Module):
         n = sum(p.numel() for p in self.parameters())
         return n - self.wte.weight.numel() if non_embedding else n
 
+    def context(self, seq_len: int) -> PosContext:
+        """What the positional and scaling hooks see for a sequence of seq_len tokens."""
+        return PosContext(seq_len=seq_len, train_len=self.cfg.train_len, scaling=self.scaling,
+                          tuned_len=self.cfg.tuned_len)
+
     def forward(self, idx: torch.Tensor, pos: torch.Tensor | None = None) -> torch.Tensor:
         """idx (B, T) token ids -> logits (B, T, vocab)."""
         if not torch.compiler.is_compiling():
@@ -135,7 +140,7 @@ class TransformerLM(nn.Module):
             # them in again every step; evaluation does not (keep_freed_memory).
             keep_freed_memory(torch.is_grad_enabled())
         T = idx.shape[1]
-        ctx = PosContext(seq_len=T, train_len=self.cfg.train_len, scaling=self.scaling, tuned_len=self.cfg.tuned_len)
+        ctx = self.context(T)
         if pos is None:
             pos = torch.arange(T, device=idx.device)
         pos = self.scaling.map_positions(pos, self.pos_scheme, ctx)

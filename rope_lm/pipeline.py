@@ -129,11 +129,8 @@ def evaluate_and_report(model, cache, eval_cfg: EvalConfig, methods: list[dict |
         for i, options in enumerate(methods):
             model.set_scaling(options)
             label = method_label(options)
-            from rope_lm.positional import PosContext
-
-            ctx = PosContext(seq_len=max(lengths), train_len=model.cfg.train_len, scaling=model.scaling,
-                             tuned_len=model.cfg.tuned_len)
-            results["methods"][label] = {"options": options, **model.scaling.describe(model.pos_scheme, ctx)}
+            results["methods"][label] = {"options": options,
+                                         **model.scaling.describe(model.pos_scheme, model.context(max(lengths)))}
 
             def on_result(row, label=label):
                 row = {"method": label, **row}

@@ -41,7 +41,6 @@ def test_finetune_continues_from_the_checkpoint_at_a_longer_length(tiny_config, 
 
 def test_a_finetuned_model_keeps_its_scale_on_shorter_sequences(tiny_config, tmp_path):
     from rope_lm.lit import LitLM
-    from rope_lm.positional import PosContext
     from rope_lm.positional.rope import default_inv_freq
 
     base_dir = str(tmp_path / "base")
@@ -60,7 +59,7 @@ def test_a_finetuned_model_keeps_its_scale_on_shorter_sequences(tiny_config, tmp
     scheme = model.pos_scheme
     plain = default_inv_freq(scheme.rot_dim, scheme.base).double()
     for T, s in ((16, 4.0), (64, 4.0), (128, 8.0)):  # the fine-tuned s at and below L' = 64, T / L past it
-        ctx = PosContext(seq_len=T, train_len=model.cfg.train_len, scaling=model.scaling, tuned_len=model.cfg.tuned_len)
+        ctx = model.context(T)
         assert model.scaling.scale(ctx) == s
         torch.testing.assert_close(model.scaling.rope_frequencies(scheme.rot_dim, scheme.base, ctx)[0].double(), plain / s,
                                    rtol=1e-6, atol=0)
