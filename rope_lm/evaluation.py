@@ -85,13 +85,12 @@ def token_losses(model, windows: torch.Tensor, targets: torch.Tensor, batch_toke
     return torch.cat(out)
 
 
-def _bucket(per_pos: torch.Tensor, buckets: int, count: torch.Tensor | None = None) -> dict:
-    """Means over buckets of positions, weighted by how many tokens each position scored."""
-    L = per_pos.numel()
+def _bucket(total: torch.Tensor, count: torch.Tensor, buckets: int) -> dict:
+    """Mean loss over buckets of positions, from the loss summed at each
+    position and the number of tokens scored there."""
+    L = total.numel()
     width = max(1, math.ceil(L / buckets))
-    weight = torch.ones(L, dtype=torch.float64) if count is None else count.double()
-    means = [float((per_pos[s : s + width].double() * weight[s : s + width]).sum() / weight[s : s + width].sum())
-             for s in range(0, L, width)]
+    means = [float(total[s : s + width].sum() / count[s : s + width].sum()) for s in range(0, L, width)]
     return {"width": width, "start": list(range(0, L, width)), "loss": means}
 
 
@@ -111,7 +110,6 @@ def ppl_at_length(model, stream: np.ndarray, L: int, n: int, train_len: int, bat
         losses = token_losses(model, tokens[start:end].view(-1, width), tokens[start + 1 : end + 1].view(-1, width), batch_tokens)
         total[:width] += losses.double().sum(0)
         count[:width] += losses.shape[0]
-    per_pos = (total / count.clamp(min=1)).float()
     loss = float(total.sum() / n)
     within = float(total[:train_len].sum() / count[:train_len].sum())
     beyond_count = int(count[train_len:].sum())
@@ -128,7 +126,7 @@ def ppl_at_length(model, stream: np.ndarray, L: int, n: int, train_len: int, bat
         "loss_beyond": beyond,
         "ppl_beyond": _ppl(beyond),
         "tokens_beyond": beyond_count,
-        "per_position": _bucket(per_pos, buckets, count),
+        "per_position": _bucket(total, count, buckets),
     }
 
 
