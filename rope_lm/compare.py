@@ -306,60 +306,63 @@ def _save(fig, path: str):
     to commit next to a results page."""
     from PIL import Image
 
-    tmp = path + ".tmp.png"
-    fig.savefig(tmp, dpi=110, bbox_inches="tight")
-    with Image.open(tmp) as im:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
+    buf.seek(0)
+    with Image.open(buf) as im:
         small = im.convert("RGB").quantize(colors=256, method=Image.Quantize.MEDIANCUT)
+    tmp = path + ".tmp.png"
     small.save(tmp, optimize=True)
     os.replace(tmp, path)
 
 
-def plot_ppl(g: Group, path: str, title: str):
+def _group_plot(g: Group, path: str, heading: str, xlabel: str, ylabel: str, draw, ylog: bool = False):
+    """One figure for a group: draw(ax, series, colour, dash) per series, then
+    the L_train line, log-2 x axis, labels, legend outside, and the PNG."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(8.5, 5))
-    for s, (color, dash) in zip(g.series, _styles(g.series)):
+    try:
+        for s, (color, dash) in zip(g.series, _styles(g.series)):
+            draw(ax, s, color, dash)
+        ax.axvline(g.key.train_len, color="grey", linestyle="--", linewidth=1, label=f"L_train = {g.key.train_len}")
+        ax.set_xscale("log", base=2)
+        if ylog:
+            ax.set_yscale("log")
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        ax.set_title(f"{heading} — {g.key.describe()}", fontsize=10)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+        _save(fig, path)
+    finally:
+        plt.close(fig)
+
+
+def plot_ppl(g: Group, path: str, title: str):
+    def draw(ax, s, color, dash):
         Ls = sorted(L for L in s.rows if s.ppl(L) is not None)
         ax.plot(Ls, [s.ppl(L) for L in Ls], marker="o", markersize=4, color=color, linestyle=dash, label=s.label)
-    ax.axvline(g.key.train_len, color="grey", linestyle="--", linewidth=1, label=f"L_train = {g.key.train_len}")
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    ax.set_xlabel("evaluation length (tokens, log scale)")
-    ax.set_ylabel("perplexity (log scale)")
-    ax.set_title(f"{title}\nPPL vs evaluation length — {g.key.describe()}", fontsize=10)
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
-    _save(fig, path)
-    plt.close(fig)
+
+    _group_plot(g, path, f"{title}\nPPL vs evaluation length", "evaluation length (tokens, log scale)",
+                "perplexity (log scale)", draw, ylog=True)
 
 
 def plot_per_position(g: Group, path: str, title: str):
     """Mean token loss by position in the window, at each series' longest
     evaluated length: where (not only how much) a model breaks."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(8.5, 5))
-    for s, (color, dash) in zip(g.series, _styles(g.series)):
+    def draw(ax, s, color, dash):
         L = max(s.rows)
         pp = s.rows[L].get("per_position")
-        if not pp:
-            continue
-        ax.plot(*log_binned(pp, L), marker=".", color=color, linestyle=dash, label=f"{s.label} (L={L})")
-    ax.axvline(g.key.train_len, color="grey", linestyle="--", linewidth=1, label=f"L_train = {g.key.train_len}")
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("position in the evaluation window (tokens, log scale; 4 bins per doubling)")
-    ax.set_ylabel("mean token loss (nats)")
-    ax.set_title(f"{title}\nper-position loss at the longest length — {g.key.describe()}", fontsize=10)
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
-    _save(fig, path)
-    plt.close(fig)
+        if pp:
+            ax.plot(*log_binned(pp, L), marker=".", color=color, linestyle=dash, label=f"{s.label} (L={L})")
+
+    _group_plot(g, path, f"{title}\nper-position loss at the longest length",
+                "position in the evaluation window (tokens, log scale; 4 bins per doubling)", "mean token loss (nats)",
+                draw)
 
 
 def default_out(paths: list[str]) -> str:
