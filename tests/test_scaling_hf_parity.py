@@ -57,20 +57,17 @@ def test_dynamic_matches_hf_at_every_length():
             assert_same(F.dynamic_ntk(d, base, L, T, s), hf("dynamic", d, base, L, seq_len=T, factor=s))
 
 
-def test_yarn_matches_hf():
+@pytest.mark.parametrize("rope_type,ours,band_keys,bands", [
+    ("yarn", F.yarn, ("beta_fast", "beta_slow"), ((32, 1), (16, 2))),
+    ("llama3", F.llama3, ("low_freq_factor", "high_freq_factor"), ((1.0, 4.0), (2.0, 8.0))),
+])
+def test_band_methods_match_hf(rope_type, ours, band_keys, bands):
+    """YaRN and Llama 3: frequencies split into kept / ramped / interpolated bands by two knobs."""
     for d, base, L, s in grid():
-        for beta_fast, beta_slow in ((32, 1), (16, 2)):
-            ref = hf("yarn", d, base, int(L * max(s, 2)), factor=s, original_max_position_embeddings=L,
-                     beta_fast=beta_fast, beta_slow=beta_slow)
-            assert_same(F.yarn(d, base, L, L * s, beta_fast, beta_slow), ref)
-
-
-def test_llama3_matches_hf():
-    for d, base, L, s in grid():
-        for low, high in ((1.0, 4.0), (2.0, 8.0)):
-            ref = hf("llama3", d, base, int(L * max(s, 2)), factor=s, original_max_position_embeddings=L,
-                     low_freq_factor=low, high_freq_factor=high)
-            assert_same(F.llama3(d, base, L, L * s, low, high), ref)
+        for band in bands:
+            ref = hf(rope_type, d, base, int(L * max(s, 2)), factor=s, original_max_position_embeddings=L,
+                     **dict(zip(band_keys, band)))
+            assert_same(ours(d, base, L, L * s, *band), ref)
 
 
 def test_longrope_matches_hf_short_and_long():
