@@ -79,12 +79,64 @@ class GracefulStop(L.Callback):
                     trainer.global_step, path, os.path.dirname(self.ckpt_dir))
 
 
+def resolve_checkpoint(path: str | None, setting: str = "ckpt") -> str:
+    """A .ckpt file, or a run directory (its checkpoints/last.ckpt)."""
+    if not path:
+        raise ConfigError(f"{setting}= is required: a .ckpt file or a run directory with checkpoints/last.ckpt.")
+    candidate = os.path.join(path, "checkpoints", "last.ckpt") if os.path.isdir(path) else path
+    if not os.path.isfile(candidate):
+        raise ConfigError(f"{setting}={path!r} is not a checkpoint file or a run directory with checkpoints/last.ckpt "
+                          f"(resolved from {os.getcwd()}).")
+    return candidate
+
+
+def read_checkpoint(path: str) -> dict:
+    """The checkpoint dict of a rope-lm .ckpt file, or a ConfigError that says
+    why it is not one (empty, unreadable, another kind of file)."""
+    try:
+        size = os.path.getsize(path)
+    except OSError as e:
+        raise ConfigError(f"The checkpoint {path} cannot be read ({e.strerror}).") from None
+    if size == 0:
+        raise ConfigError(f"The checkpoint {path} is empty (0 bytes): it is not a checkpoint (a write that never "
+                          f"finished, or a placeholder). Give a checkpoint that train.py wrote, e.g. "
+                          f"<run>/checkpoints/last.ckpt.")
+    try:
+        saved = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
+    except OSError as e:
+        raise ConfigError(f"The checkpoint {path} cannot be read ({e.strerror}).") from None
+    except Exception as e:
+        first = str(e).splitlines()[0] if str(e) else ""
+        raise ConfigError(f"{path} is not a checkpoint ({size} bytes that torch.load cannot read: {type(e).__name__}"
+                          f"{': ' + first if first else ''}). Give a checkpoint that train.py wrote, e.g. "
+                          f"<run>/checkpoints/last.ckpt.") from None
+    if not isinstance(saved, dict) or "state_dict" not in saved or "hyper_parameters" not in saved:
+        raise ConfigError(f"{path} is a torch file but not a rope-lm checkpoint (it has no state_dict and "
+                          f"hyper_parameters). Give a checkpoint that train.py wrote.")
+    return saved
+
+
+def load_checkpoint(path: str, device: str = "cpu", setting: str = "ckpt"):
+    """(LitLM in eval mode, checkpoint file) from a .ckpt file or a run directory."""
+    from rope_lm.lit import LitLM
+
+    ckpt = resolve_checkpoint(path, setting)
+    saved = read_checkpoint(ckpt)
+    try:
+        lit = LitLM(**saved["hyper_parameters"])
+        lit.load_state_dict(saved["state_dict"])
+    except (TypeError, KeyError, RuntimeError) as e:
+        first = str(e).splitlines()[0] if str(e) else ""
+        raise ConfigError(f"{ckpt} does not hold a model this version of rope-lm can build ({type(e).__name__}: "
+                          f"{first}).") from None
+    lit.on_load_checkpoint(saved)
+    lit.to(device).eval()
+    return lit, ckpt
+
+
 def check_resumable(ckpt_path: str, hparams: dict):
     """Refuse, before any work, to resume a checkpoint whose model differs."""
-    try:
-        saved = torch.load(ckpt_path, map_location="cpu", weights_only=False, mmap=True)
-    except Exception as e:
-        raise ConfigError(f"ckpt_path={ckpt_path} could not be read as a checkpoint ({type(e).__name__}: {e}).") from None
+    saved = read_checkpoint(ckpt_path)
     old = saved.get("hyper_parameters") or {}
     diffs = [f"{k}: checkpoint {old.get(k)!r} vs now {hparams.get(k)!r}"
              for k in MODEL_IDENTITY if old.get(k) != hparams.get(k)]

@@ -1,10 +1,31 @@
-"""Shared entry-point behaviour: user errors print one paragraph, no traceback."""
+"""Entry-point glue shared by train.py and scripts/: user errors as one
+paragraph, Hydra jobs that fail without ending a sweep, and a sweep summary.
 
+This is the one module of rope_lm that knows Hydra (tests/test_architecture.py
+checks it); it reads no config file: each entry point names its own conf/.
+"""
+
+import atexit
 import contextlib
+import functools
+import json
+import os
 import sys
 import textwrap
 
+from hydra.errors import CompactHydraException
+from hydra.experimental.callback import Callback
+
 from rope_lm.errors import ConfigError, RopeLMError
+
+
+def paragraph(e: RopeLMError) -> str:
+    kind = "configuration error" if isinstance(e, ConfigError) else "run stopped"
+    return textwrap.fill(f"rope-lm: {kind}: {e}", width=100)
+
+
+def exit_status(e: RopeLMError) -> int:
+    return 2 if isinstance(e, ConfigError) else 1
 
 
 @contextlib.contextmanager
@@ -14,6 +35,88 @@ def user_errors():
     try:
         yield
     except RopeLMError as e:
-        kind = "configuration error" if isinstance(e, ConfigError) else "run stopped"
-        print("\n" + textwrap.fill(f"rope-lm: {kind}: {e}", width=100), file=sys.stderr)
-        sys.exit(2 if isinstance(e, ConfigError) else 1)
+        print("\n" + paragraph(e), file=sys.stderr)
+        sys.exit(exit_status(e))
+
+
+class JobFailed(CompactHydraException):
+    """A sweep job stopped by a user error. Hydra records it as a failed job
+    and runs the others (a SystemExit would end the whole sweep); at the end
+    it prints this message alone, without a traceback."""
+
+
+def _multirun() -> bool:
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
+
+
+def hydra_task(fn):
+    """Wrap a Hydra task function: a RopeLMError becomes one paragraph (exit
+    status 2 or 1) in a single run, and a failed job in a multirun."""
+
+    @functools.wraps(fn)
+    def task(cfg):
+        try:
+            return fn(cfg)
+        except RopeLMError as e:
+            if _multirun():
+                raise JobFailed(paragraph(e)) from None
+            print("\n" + paragraph(e), file=sys.stderr)
+            sys.exit(exit_status(e))
+
+    return task
+
+
+class SweepSummary(Callback):
+    """Records every job of a multirun in <sweep dir>/jobs.json as it ends
+    (status, overrides, output folder, error) and prints which jobs failed and
+    why when the sweep is over, also when Hydra ends it on the first failure."""
+
+    def __init__(self):
+        self.jobs: list[dict] = []
+        self.path: str | None = None
+        self.printed = False
+
+    def on_multirun_start(self, config, **kwargs):
+        self.path = os.path.join(config.hydra.sweep.dir, "jobs.json")
+        # Hydra re-raises the first failure after the last job, which skips
+        # on_multirun_end; exit handlers still run.
+        atexit.register(self.print_summary)
+
+    def on_job_end(self, config, job_return, **kwargs):
+        from hydra.core.utils import JobStatus
+
+        failed = job_return.status == JobStatus.FAILED
+        error = job_return._return_value if failed else None
+        self.jobs.append({
+            "num": config.hydra.job.num,
+            "status": "failed" if failed else "completed",
+            "overrides": list(job_return.overrides or []),
+            "output_dir": config.hydra.runtime.output_dir,
+            "error": str(error) if error is not None else None,
+        })
+        if self.path:
+            os.makedirs(os.path.dirname(self.path), exist_ok=True)
+            tmp = self.path + ".tmp"
+            with open(tmp, "w") as f:
+                json.dump(self.jobs, f, indent=1)
+            os.replace(tmp, self.path)
+
+    def on_multirun_end(self, config, **kwargs):
+        self.print_summary()
+
+    def print_summary(self):
+        if self.printed or not self.jobs:
+            return
+        self.printed = True
+        failed = [j for j in self.jobs if j["status"] == "failed"]
+        if not failed:
+            print(f"\nrope-lm sweep: all {len(self.jobs)} jobs completed ({self.path}).", file=sys.stderr)
+            return
+        lines = [f"\nrope-lm sweep: {len(failed)} of {len(self.jobs)} jobs failed ({self.path}):"]
+        for j in failed:
+            reason = (j["error"] or "").replace("\n", " ")
+            lines.append(f"  job {j['num']} [{' '.join(j['overrides'])}]: {reason}")
+        print("\n".join(lines), file=sys.stderr)

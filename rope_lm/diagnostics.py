@@ -19,34 +19,11 @@ import numpy as np
 import torch
 
 from rope_lm.attention import attention_probs
+from rope_lm.checkpointing import load_checkpoint, resolve_checkpoint  # noqa: F401  (public for the scripts)
 from rope_lm.errors import ConfigError
 
 
 # --- checkpoints and their data ---------------------------------------------------
-
-def resolve_checkpoint(path: str) -> str:
-    """A .ckpt file, or a run directory (its checkpoints/last.ckpt), as pipeline.resolve_ckpt."""
-    if not path:
-        raise ConfigError("A checkpoint is required: a .ckpt file or a run directory with checkpoints/last.ckpt.")
-    candidate = os.path.join(path, "checkpoints", "last.ckpt") if os.path.isdir(path) else path
-    if not os.path.isfile(candidate):
-        raise ConfigError(f"{path!r} is not a checkpoint file or a run directory with checkpoints/last.ckpt "
-                          f"(resolved from {os.getcwd()}).")
-    return candidate
-
-
-def load_checkpoint(path: str, device: str = "cpu"):
-    """(LitLM in eval mode, checkpoint path)."""
-    from rope_lm.lit import LitLM
-
-    ckpt = resolve_checkpoint(path)
-    try:
-        lit = LitLM.load_from_checkpoint(ckpt, map_location=device)
-    except (RuntimeError, KeyError, TypeError, EOFError) as e:
-        raise ConfigError(f"Could not load {ckpt} as a rope-lm checkpoint ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}).") from None
-    lit.eval()
-    return lit, ckpt
-
 
 def load_model(path: str, scaling: str | None = None):
     """(model, checkpoint path): a checkpoint's model, optionally under a

@@ -14,7 +14,7 @@ import signal
 import torch
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from rope_lm.checkpointing import AtomicCheckpointIO, GracefulStop, check_resumable
+from rope_lm.checkpointing import AtomicCheckpointIO, GracefulStop, check_resumable, load_checkpoint, read_checkpoint, resolve_checkpoint
 from rope_lm.data import DataConfig, LMDataModule, prepare
 from rope_lm.errors import ConfigError
 from rope_lm.evaluation import EvalConfig, evaluate_lengths, scored_tokens
@@ -103,16 +103,6 @@ def trainer_kwargs(options: dict, out_dir: str, logger, max_steps: int, on_stop=
     return kwargs, own
 
 
-def resolve_ckpt(path: str | None) -> str | None:
-    if not path:
-        return None
-    if os.path.isdir(path):
-        path = os.path.join(path, "checkpoints", "last.ckpt")
-    if not os.path.isfile(path):
-        raise ConfigError(f"ckpt_path={path!r} is not a checkpoint file (or a run directory with checkpoints/last.ckpt).")
-    return path
-
-
 def evaluate_and_report(model, cache, eval_cfg: EvalConfig, methods: list[dict | None], out_dir: str,
                         results: dict, wandb_run=None) -> dict:
     """ppl@L for each extrapolation method in turn; the results files are
@@ -170,7 +160,7 @@ def train_and_evaluate(cfg: dict, out_dir: str, logger=None) -> dict:
     init = load_init_from(cfg, data_cfg, eval_cfg, out_dir)
     if init:
         data_cfg = init["data_cfg"]
-    ckpt_path = resolve_ckpt(cfg.get("ckpt_path"))
+    ckpt_path = resolve_checkpoint(cfg["ckpt_path"], "ckpt_path") if cfg.get("ckpt_path") else None
     max_steps = cfg["trainer"]["max_steps"]
     state = {}
 
@@ -245,15 +235,11 @@ def evaluate_checkpoint(ckpt_path: str, methods: list[dict], eval_options: dict,
     """Re-use a trained checkpoint: ppl@L under each extrapolation method, one
     table and one plot. The corpus defaults to the checkpoint's own, tokenized
     with the tokenizer stored in the checkpoint."""
-    ckpt_path = resolve_ckpt(ckpt_path)
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     eval_cfg = _eval_config(eval_options)
+    lit, ckpt_path = load_checkpoint(ckpt_path, device)
     check_writable(out_dir)
-    try:
-        lit = LitLM.load_from_checkpoint(ckpt_path, map_location=device)
-    except (RuntimeError, KeyError, TypeError) as e:
-        raise ConfigError(f"Could not load checkpoint {ckpt_path} as a rope-lm model ({type(e).__name__}: {str(e).splitlines()[0]}).") from None
     hp = lit.hparams
     model = lit.model.to(device)
     lengths = eval_cfg.resolve_lengths(model.cfg.train_len)
@@ -306,16 +292,10 @@ def load_init_from(cfg: dict, data_cfg: DataConfig, eval_cfg: EvalConfig, out_di
     given = cfg.get("init_from")
     if not given:
         return None
-    try:
-        path = resolve_ckpt(given)
-    except ConfigError:
-        raise ConfigError(f"init_from={given!r} is not a checkpoint file (or a run directory with checkpoints/last.ckpt).") from None
-    try:
-        saved = torch.load(path, map_location="cpu", weights_only=False)
-        hp = dict(saved["hyper_parameters"])
-        weights = {k[len("model."):]: v for k, v in saved["state_dict"].items() if k.startswith("model.")}
-    except Exception as e:
-        raise ConfigError(f"init_from={given!r} could not be read as a rope-lm checkpoint ({type(e).__name__}: {e}).") from None
+    path = resolve_checkpoint(given, "init_from")
+    saved = read_checkpoint(path)
+    hp = dict(saved["hyper_parameters"])
+    weights = {k[len("model."):]: v for k, v in saved["state_dict"].items() if k.startswith("model.")}
     diffs = [f"pos.{k}: checkpoint {hp['pos'].get(k)!r}, this run {cfg['pos'].get(k)!r}"
              for k in sorted(set(hp["pos"]) | set(cfg["pos"])) if hp["pos"].get(k) != cfg["pos"].get(k)]
     diffs += [f"model.{k}: checkpoint {hp['model'].get(k)!r}, this run {cfg['model'].get(k)!r}"
