@@ -4,6 +4,7 @@
     python train.py pos=alibi data.seq_len=256
     python train.py -m pos=rope,alibi        # a sweep (Hydra multirun)
     python train.py resume=outputs/<run>     # continue a stopped run from its last checkpoint
+    python train.py resume=outputs/<run> trainer.max_steps=5000   # ... or train a finished one longer
 
 Configuration lives in conf/; see README.md.
 """
@@ -15,25 +16,32 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf
 
-from rope_lm.cli import user_errors
-
+from rope_lm.cli import hydra_task, register_resolvers, user_errors
 
 @hydra.main(config_path="conf", config_name="config", version_base="1.3")
+@hydra_task
 def main(cfg):
+    from rope_lm.config import resolve_run
     from rope_lm.loggers import build_logger, finish
-    from rope_lm.pipeline import train_and_evaluate
+    from rope_lm.errors import RopeLMError
+    from rope_lm.pipeline import mark_failed, start_run, train_and_evaluate
     from rope_lm.report import RESULTS_MD
 
     config = OmegaConf.to_container(cfg, resolve=True)
-    out_dir = HydraConfig.get().runtime.output_dir
     hc = HydraConfig.get()
-    run_name = config.get("run_name") or os.path.relpath(out_dir, hc.runtime.cwd)
-    with user_errors():
-        logger = build_logger(config["logger"], out_dir, run_name, config=config)
+    out_dir = hc.runtime.output_dir
+    try:
+        run = resolve_run(config)  # every setting checked once, before any work
+        start_run(run, out_dir)  # the folder is this run's (or its resume's) before anything is written there
+        run_name = run.run_name or os.path.relpath(out_dir, hc.runtime.cwd)
+        logger = build_logger(run.logger, out_dir, run_name, config=config)
         try:
-            train_and_evaluate(config, out_dir, logger)
+            train_and_evaluate(run, out_dir, logger)
         finally:
             finish(logger)
+    except RopeLMError as e:
+        mark_failed(out_dir, config, e)
+        raise
     md = os.path.join(out_dir, RESULTS_MD)
     if os.path.exists(md):
         print("\n" + open(md).read())
@@ -47,7 +55,11 @@ def resume_args(argv: list[str]) -> list[str]:
     if not runs:
         return argv
     run = os.path.abspath(runs[-1])
-    saved = os.path.join(run, ".hydra", "config.yaml")
+    from rope_lm.pipeline import RUN_CONFIG
+
+    saved = os.path.join(run, RUN_CONFIG)
+    if not os.path.isfile(saved):  # a run stopped before its end, or one from an older version
+        saved = os.path.join(run, ".hydra", "config.yaml")
     if not os.path.isfile(saved):
         with user_errors():
             from rope_lm.errors import ConfigError
@@ -55,10 +67,11 @@ def resume_args(argv: list[str]) -> list[str]:
             raise ConfigError(f"resume={runs[-1]!r} is not a run directory: {saved} does not exist. Give the folder a "
                               f"train.py run wrote (it holds .hydra/ and checkpoints/).")
     rest = [a for a in argv if not a.startswith("resume=")]
-    return ["--config-path", os.path.dirname(saved), "--config-name", "config", *rest,
-            f"ckpt_path={run}", f"hydra.run.dir={run}"]
+    return ["--config-path", os.path.dirname(saved), "--config-name", os.path.basename(saved)[: -len(".yaml")],
+            *rest, f"ckpt_path={run}", f"hydra.run.dir={run}"]
 
 
 if __name__ == "__main__":
+    register_resolvers()
     sys.argv[1:] = resume_args(sys.argv[1:])
     main()

@@ -70,7 +70,7 @@ def flex_supported(scheme) -> bool:
 
 
 def flex_usable(scheme, device: torch.device, needs_grad: bool) -> bool:
-    if not flex_supported(scheme) or (device.type, type(scheme)) in _flex_broken:
+    if not flex_supported(scheme) or device.type in getattr(scheme, "flex_failed_on", ()):
         return False
     # torch raises NotImplementedError for flex backward on CPU.
     return not (needs_grad and device.type == "cpu")
@@ -182,9 +182,6 @@ def explicit_attention(q, k, v, scheme, layer, pos, plan, ctx):
 
 
 _compiled_flex = None
-# (device type, scheme class) pairs where compiling flex failed: no C++
-# compiler or Triton there, or a score_mod that platform cannot lower.
-_flex_broken: set = set()
 
 
 def _flex_fn(compiled: bool):
@@ -231,7 +228,9 @@ def flex_path(q, k, v, scheme, layer, pos, plan, ctx, compiled: bool = True):
     except Exception as e:
         if torch.compiler.is_compiling():
             raise
-        _flex_broken.add((q.device.type, type(scheme)))
+        # Remembered on this scheme instance (this model) only: no C++ compiler
+        # or Triton on that device, or a score_mod it cannot lower.
+        scheme.flex_failed_on = getattr(scheme, "flex_failed_on", frozenset()) | {q.device.type}
         log.warning("Compiled flex attention is unavailable for %s on %s (%s: %s); using sdpa.", scheme.name,
                     q.device.type, type(e).__name__, str(e).splitlines()[0] if str(e) else "")
         return None

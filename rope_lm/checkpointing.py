@@ -11,7 +11,7 @@ import torch
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from rope_lm.errors import ConfigError
+from rope_lm.errors import ConfigError, write_failure
 
 log = logging.getLogger("rope_lm")
 
@@ -27,13 +27,17 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         path = str(path)
         directory = os.path.dirname(os.path.abspath(path))
         os.makedirs(directory, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=".ckpt")
-        os.close(fd)
+        tmp = None
         try:
+            fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=".ckpt")
+            os.close(fd)
             torch.save(checkpoint, tmp)
             os.replace(tmp, path)
+        except (OSError, RuntimeError) as e:  # torch reports a full disk as RuntimeError("[enforce fail ...")
+            kept = f"The previous {os.path.basename(path)} is untouched. " if os.path.exists(path) else ""
+            raise write_failure(path, e, kept) from None
         finally:
-            if os.path.exists(tmp):
+            if tmp and os.path.exists(tmp):
                 os.unlink(tmp)
 
 

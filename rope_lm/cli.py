@@ -10,13 +10,27 @@ import contextlib
 import functools
 import json
 import os
+import secrets
 import sys
 import textwrap
 
 from hydra.errors import CompactHydraException
 from hydra.experimental.callback import Callback
+from omegaconf import OmegaConf
 
 from rope_lm.errors import ConfigError, RopeLMError
+
+
+_RUN_ID = secrets.token_hex(3)
+
+
+def register_resolvers() -> None:
+    """${run_id:}: six hex digits drawn once per process, so that two runs
+    started in the same second (two seeds, a script loop) get two folders."""
+    OmegaConf.register_new_resolver("run_id", lambda: _RUN_ID, replace=True)
+
+
+register_resolvers()
 
 
 def paragraph(e: RopeLMError) -> str:

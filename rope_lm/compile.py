@@ -1,12 +1,8 @@
-"""CPU/GPU performance switches: torch.compile with a clear fallback where
-compilation is unavailable, and the CPU allocator setting that keeps freed
-activation memory for reuse."""
+"""torch.compile with a clear fallback where compilation is unavailable."""
 
-import ctypes
 import logging
 import os
 import shutil
-import sys
 
 import torch
 from torch import nn
@@ -24,52 +20,6 @@ def _no_cpu_compiler() -> str | None:
     if any(shutil.which(c) for c in ("g++", "c++", "clang++")):
         return None
     return "no C++ compiler (g++, c++ or clang++, or $CXX) was found, and inductor needs one for CPU kernels"
-
-
-_MALLOC_KEEP_BYTES = 1 << 30
-_MALLOC_DEFAULT_BYTES = 128 * 1024  # glibc's initial mmap and trim thresholds
-_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # <malloc.h>
-_malloc_state: dict = {}
-
-
-def _mallopt(mmap_threshold: int, trim_threshold: int) -> bool:
-    try:
-        libc = ctypes.CDLL(None)
-        return bool(libc.mallopt(_M_MMAP_THRESHOLD, mmap_threshold)) and bool(
-            libc.mallopt(_M_TRIM_THRESHOLD, trim_threshold))
-    except (OSError, AttributeError):  # not glibc (musl has no mallopt)
-        return False
-
-
-def keep_freed_memory(training: bool = True) -> bool:
-    """While training, ask glibc malloc to keep freed blocks up to 1 GiB for
-    reuse instead of handing them back to the kernel.
-
-    By default glibc serves every block of 32 MiB or more (the logits and
-    their gradients, e.g. 2048 tokens x 4096 vocabulary in float32) from a
-    fresh mmap, so each training step page-faults and zero-fills them anew:
-    13 ms per 32 MiB block on this project's CPU, 8% of a tiny-model step.
-    A training step allocates the same sizes every time, so kept blocks are
-    simply reused. Evaluation is different: over a long sequence the blocked
-    attention allocates ever larger blocks between small ones it keeps, and a
-    heap that never returns memory fragments (measured: 2 GB instead of 0.5 GB
-    at 16k tokens); so outside training the thresholds go back to glibc's
-    128 KiB (if this process raised them) and big blocks are mmapped again.
-
-    Called by TransformerLM.forward with torch.is_grad_enabled(); costs a
-    dict lookup unless the mode changes. ROPE_LM_KEEP_FREED_MEMORY=0 leaves
-    malloc alone. Returns whether freed memory is being kept."""
-    mode = bool(training)
-    if _malloc_state.get("mode") is mode:
-        return _malloc_state.get("kept", False)
-    _malloc_state["mode"] = mode
-    allowed = os.environ.get("ROPE_LM_KEEP_FREED_MEMORY", "1") != "0" and sys.platform.startswith("linux")
-    if mode and allowed:
-        _malloc_state["kept"] = _mallopt(_MALLOC_KEEP_BYTES, _MALLOC_KEEP_BYTES)
-    elif _malloc_state.get("kept"):
-        _mallopt(_MALLOC_DEFAULT_BYTES, _MALLOC_DEFAULT_BYTES)
-        _malloc_state["kept"] = False
-    return _malloc_state.get("kept", False)
 
 
 class CompiledForward(nn.Module):
@@ -109,8 +59,6 @@ class CompiledForward(nn.Module):
                     reason)
 
     def forward(self, *args, **kwargs):
-        # The wrapped forward's own call is skipped while dynamo traces it.
-        keep_freed_memory(torch.is_grad_enabled())
         if self.compiled and not self._checked_device:
             self._checked_device = True
             on_cpu = any(isinstance(a, torch.Tensor) and a.device.type == "cpu" for a in args)

@@ -9,12 +9,15 @@ from dataclasses import dataclass, field
 import glob
 import hashlib
 import json
+import logging
 import os
 import re
 import sys
 import sysconfig
 
 from rope_lm.errors import ConfigError
+
+log = logging.getLogger("rope_lm.corpus")
 
 SPLITS = ("train", "valid", "test")
 SPLIT_ALIASES = {"train": "train", "valid": "valid", "validation": "valid", "val": "valid", "dev": "valid", "test": "test"}
@@ -33,11 +36,24 @@ class SourceConfig:
     valid_fraction: float = 0.05
     test_fraction: float = 0.05
     max_docs: int | None = None  # per split, for quick runs on big corpora
+    skip_bad_records: bool = False  # a JSONL/parquet record without usable text: refuse (false) or skip and count
     extra: dict = field(default_factory=dict)
 
     @property
     def kind(self) -> str:
         return "files" if self.path else self.source
+
+    def validate(self):
+        if self.kind not in READERS:
+            raise ConfigError(f"data.source={self.source!r} is not a source; use one of {', '.join(READERS)}.")
+        for key in ("valid_fraction", "test_fraction"):
+            if not 0 <= getattr(self, key) < 1:
+                raise ConfigError(f"data.{key}={getattr(self, key)} must be a fraction within [0, 1).")
+        if self.valid_fraction + self.test_fraction >= 1:
+            raise ConfigError(f"data.valid_fraction + data.test_fraction = {self.valid_fraction + self.test_fraction:g} "
+                              f"leaves nothing to train on; keep the sum below 1 (0.05 + 0.05 is typical).")
+        if self.max_docs is not None and self.max_docs <= 0:
+            raise ConfigError(f"data.max_docs={self.max_docs} must be a positive integer (or null for all).")
 
 
 def stdlib_dir() -> str:
@@ -78,29 +94,65 @@ def _read_text(path: str) -> str:
         ) from None
 
 
-def _units_of_file(path: str, text_field: str) -> list[str]:
-    """The texts a file holds: the whole file, or one per JSONL line / parquet row."""
+def _bad_record(path: str, where: str, problem: str, text_field: str, skip: bool, skipped: list) -> None:
+    if not skip:
+        raise ConfigError(
+            f"{path}, {where}: {problem}. Every record needs a string in its {text_field!r} field (setting "
+            f"`data.text_field`). Fix or remove the record, or set data.skip_bad_records=true to skip such records "
+            f"(the log says how many)."
+        )
+    skipped.append(where)
+
+
+def _record_text(row, path: str, where: str, text_field: str, skip: bool, skipped: list) -> str | None:
+    """The text of one record, or None when it is skipped; never str(None)."""
+    if not isinstance(row, dict):
+        _bad_record(path, where, f"the record is a JSON {type(row).__name__}, not an object", text_field, skip, skipped)
+        return None
+    if text_field not in row:
+        _bad_record(path, where, f"the record has no field {text_field!r} (its fields: {', '.join(row) or 'none'})",
+                    text_field, skip, skipped)
+        return None
+    value = row[text_field]
+    if not isinstance(value, str):
+        kind = "null" if value is None else type(value).__name__
+        _bad_record(path, where, f"the field {text_field!r} is {kind}, not a string", text_field, skip, skipped)
+        return None
+    return value
+
+
+def _units_of_file(path: str, text_field: str, skip_bad: bool = False) -> list[str]:
+    """The texts a file holds: the whole file, or one per JSONL line / parquet
+    row, each record checked as it is read."""
     if path.endswith(".txt"):
         return [_read_text(path)]
+    out, skipped = [], []
     if path.endswith(".jsonl"):
-        out = []
         for n, line in enumerate(_read_text(path).splitlines(), 1):
             if not line.strip():
                 continue
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as e:
-                raise ConfigError(f"{path}, line {n}, is not valid JSON ({e.msg}); each line of a .jsonl file must be one JSON object.") from None
-            if text_field not in row:
-                raise ConfigError(f"{path}, line {n}, has no field {text_field!r} (setting `data.text_field`); its fields are {', '.join(row)}.")
-            out.append(str(row[text_field]))
-        return out
-    import pyarrow.parquet as pq
+                _bad_record(path, f"line {n}", f"the line is not valid JSON ({e.msg})", text_field, skip_bad, skipped)
+                continue
+            text = _record_text(row, path, f"line {n}", text_field, skip_bad, skipped)
+            if text is not None:
+                out.append(text)
+    else:
+        import pyarrow.parquet as pq
 
-    table = pq.read_table(path)
-    if text_field not in table.column_names:
-        raise ConfigError(f"{path} has no column {text_field!r} (setting `data.text_field`); its columns are {', '.join(table.column_names)}.")
-    return [str(t) for t in table.column(text_field).to_pylist()]
+        table = pq.read_table(path)
+        if text_field not in table.column_names:
+            raise ConfigError(f"{path} has no column {text_field!r} (setting `data.text_field`); its columns are {', '.join(table.column_names)}.")
+        for n, value in enumerate(table.column(text_field).to_pylist()):
+            text = _record_text({text_field: value}, path, f"row {n}", text_field, skip_bad, skipped)
+            if text is not None:
+                out.append(text)
+    if skipped:
+        log.warning("Skipped %d bad record(s) of %s (data.skip_bad_records=true): %s%s", len(skipped), path,
+                    ", ".join(skipped[:5]), " ..." if len(skipped) > 5 else "")
+    return out
 
 
 def _expand_path(path: str) -> list[str]:
@@ -157,12 +209,12 @@ def file_documents(cfg: SourceConfig) -> dict[str, list[str]]:
         # The files name their splits (train.txt, valid.txt, ...): keep them.
         docs = {s: [] for s in SPLITS}
         for f in files:
-            for unit in _units_of_file(f, cfg.text_field):
+            for unit in _units_of_file(f, cfg.text_field, cfg.skip_bad_records):
                 docs[by_split[f]].extend(_split_docs(unit, cfg.doc_start))
         return docs
     items = []
     for f in files:
-        for n, unit in enumerate(_units_of_file(f, cfg.text_field)):
+        for n, unit in enumerate(_units_of_file(f, cfg.text_field, cfg.skip_bad_records)):
             for m, doc in enumerate(_split_docs(unit, cfg.doc_start)):
                 items.append((f"{os.path.relpath(f, cfg.path) if os.path.isdir(cfg.path) else os.path.basename(f)}#{n}#{m}", doc))
     return _hash_split(items, cfg)

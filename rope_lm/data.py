@@ -7,7 +7,7 @@ temporary folder under a file lock and renamed into place, and its files'
 sizes and checksums are verified on every load.
 """
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 import fcntl
 import hashlib
 import json
@@ -40,20 +40,6 @@ class DataConfig:
     num_workers: int = 0
     verify_cache: bool = True
     tokenizer_file: str | None = None  # use this tokenizer.json instead of training one (evaluating a checkpoint)
-
-    @classmethod
-    def split(cls, options: dict) -> tuple["DataConfig", SourceConfig]:
-        """Separate the `data.*` settings into loader and source settings."""
-        mine = {f.name for f in fields(cls)}
-        theirs = {f.name for f in fields(SourceConfig)}
-        unknown = set(options) - mine - theirs
-        if unknown:
-            raise ConfigError(
-                f"Unknown data setting(s) {', '.join(sorted(unknown))}; valid `data.*` settings are "
-                f"{', '.join(sorted(mine | theirs - {'extra'}))}."
-            )
-        return (cls(**{k: v for k, v in options.items() if k in mine}),
-                SourceConfig(**{k: v for k, v in options.items() if k in theirs}))
 
     def validate(self):
         if self.vocab_size <= BYTE_ALPHABET:
@@ -185,11 +171,20 @@ def _build(directory: str, docs: dict, corpus: dict, cfg: DataConfig, settings: 
     os.rename(tmp, directory)
 
 
-def prepare(data: DataConfig, source: SourceConfig) -> TokenCache:
-    """Return the token cache for this corpus and tokenizer, building it if needed."""
+def prepare(data: DataConfig, source: SourceConfig, expect_corpus: tuple[str, str] | None = None) -> TokenCache:
+    """Return the token cache for this corpus and tokenizer, building it if
+    needed. expect_corpus=(fingerprint, whose): refuse, before tokenizing, a
+    corpus whose text is not the one `whose` (a checkpoint) was trained on."""
     data.validate()
     docs = load_documents(source)
     corpus = fingerprint(docs, source)
+    if expect_corpus and expect_corpus[0] != corpus["fingerprint"]:
+        raise ConfigError(
+            f"The corpus has changed: {corpus['where']} now has fingerprint {corpus['fingerprint']}, but "
+            f"{expect_corpus[1]} was trained on fingerprint {expect_corpus[0]}. Resuming would train and evaluate "
+            f"it on other text. Restore the source files (or data.* settings) it was trained with, or start a "
+            f"new run from its weights with init_from= to fine-tune on the new text."
+        )
     if data.tokenizer_file:
         if not os.path.isfile(data.tokenizer_file):
             raise ConfigError(f"data.tokenizer_file={data.tokenizer_file!r} does not exist; give a tokenizer.json file.")

@@ -10,3 +10,34 @@ class ConfigError(RopeLMError, ValueError):
 
 class TrainingDiverged(RopeLMError):
     """The training loss became NaN or infinite."""
+
+
+class OutputError(RopeLMError):
+    """A result or checkpoint could not be written (disk full, permissions)."""
+
+
+def write_failure(path: str, error: BaseException, kept: str = "") -> OutputError:
+    """One paragraph for a failed write: the file, the cause in words, how
+    much space is left, and what was kept."""
+    import errno
+    import os
+    import shutil
+
+    directory = os.path.dirname(os.path.abspath(path))
+    try:
+        free = shutil.disk_usage(directory).free
+    except OSError:
+        free = None
+    code = getattr(error, "errno", None)
+    if code in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG) or (free is not None and free < 64 << 20):
+        cause = "the disk is full" + (f" ({free / 2**20:.0f} MiB free in {directory})" if free is not None else "")
+        fix = "free some space (or point hydra.run.dir / data.cache_dir at a larger disk)"
+    elif code in (errno.EACCES, errno.EPERM, errno.EROFS):
+        cause = f"{directory} is not writable ({os.strerror(code)})"
+        fix = "fix the folder's permissions or choose a writable output folder"
+    else:
+        first = str(error).splitlines()[0] if str(error) else ""
+        cause = f"{type(error).__name__}: {first}"
+        fix = "check the disk and the folder"
+    return OutputError(f"Could not write {path}: {cause}. {kept}Then {fix}, and resume the run "
+                       f"(python train.py resume=<run dir>).".replace("  ", " "))

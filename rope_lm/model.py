@@ -8,7 +8,6 @@ from torch import nn
 from torch.nn import functional as F
 
 from rope_lm.attention import KERNELS, attend
-from rope_lm.compile import keep_freed_memory
 from rope_lm.errors import ConfigError
 from rope_lm.positional import Dims, PosContext, build_scheme
 from rope_lm.scaling import build_scaling
@@ -29,6 +28,9 @@ class ModelConfig:
     tuned_len: int | None = None  # set by a fine-tune (init_from): see PosContext.tuned_len
 
     def validate(self):
+        for key in ("vocab_size", "train_len", "n_layer", "n_head", "d_model"):
+            if getattr(self, key) <= 0:
+                raise ConfigError(f"model setting {key}={getattr(self, key)} must be a positive integer.")
         if self.d_model % self.n_head:
             raise ConfigError(
                 f"model.d_model={self.d_model} is not divisible by model.n_head={self.n_head}; "
@@ -36,9 +38,22 @@ class ModelConfig:
             )
         if self.attention not in KERNELS:
             raise ConfigError(f"model.attention={self.attention!r} is not a kernel; use one of {', '.join(KERNELS)}.")
-        for key in ("vocab_size", "train_len", "n_layer", "n_head", "d_model"):
-            if getattr(self, key) <= 0:
-                raise ConfigError(f"model setting {key}={getattr(self, key)} must be a positive integer.")
+        if self.mlp_ratio <= 0 or not 0 <= self.dropout < 1:
+            raise ConfigError(f"model.mlp_ratio={self.mlp_ratio} must be positive and model.dropout={self.dropout} "
+                              f"within [0, 1).")
+
+    def dims(self) -> Dims:
+        return Dims(self.d_model, self.n_head, self.d_model // self.n_head, self.n_layer, self.train_len)
+
+
+def check_fit(cfg: ModelConfig, pos: dict, scaling: dict | None, length: int) -> None:
+    """Refuse a scheme/method pair that does not fit, or a length the scheme or
+    method cannot serve, building only the scheme and the method (no weights)."""
+    scheme = build_scheme(pos, cfg.dims())
+    method = build_scaling(scaling)
+    method.check(scheme)
+    scheme.validate(length, method)
+    method.validate(length, scheme, cfg.train_len)
 
 
 class MLP(nn.Module):
@@ -88,8 +103,7 @@ class TransformerLM(nn.Module):
         super().__init__()
         cfg.validate()
         self.cfg = cfg
-        dims = Dims(cfg.d_model, cfg.n_head, cfg.d_model // cfg.n_head, cfg.n_layer, cfg.train_len)
-        self.pos_scheme = build_scheme(pos, dims)
+        self.pos_scheme = build_scheme(pos, cfg.dims())
         self.set_scaling(scaling)
         self.wte = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.drop = nn.Dropout(cfg.dropout)
@@ -131,14 +145,10 @@ class TransformerLM(nn.Module):
     def context(self, seq_len: int) -> PosContext:
         """What the positional and scaling hooks see for a sequence of seq_len tokens."""
         return PosContext(seq_len=seq_len, train_len=self.cfg.train_len, scaling=self.scaling,
-                          tuned_len=self.cfg.tuned_len)
+                          tuned_len=self.cfg.tuned_len, training=self.training)
 
     def forward(self, idx: torch.Tensor, pos: torch.Tensor | None = None) -> torch.Tensor:
         """idx (B, T) token ids -> logits (B, T, vocab)."""
-        if not torch.compiler.is_compiling():
-            # Training reuses freed logits-sized blocks instead of page-faulting
-            # them in again every step; evaluation does not (keep_freed_memory).
-            keep_freed_memory(torch.is_grad_enabled())
         T = idx.shape[1]
         ctx = self.context(T)
         if pos is None:
@@ -153,15 +163,9 @@ class TransformerLM(nn.Module):
 
 def build_model(model: dict, pos: dict, scaling: dict | None, vocab_size: int, train_len: int,
                 tuned_len: int | None = None) -> TransformerLM:
-    fields = set(ModelConfig.__dataclass_fields__) - {"vocab_size", "train_len", "tuned_len"}
-    unknown = set(model) - fields - {"name"}
-    if unknown:
-        raise ConfigError(
-            f"Unknown model setting(s) {', '.join(sorted(unknown))}; valid `model.*` settings are "
-            f"{', '.join(sorted(fields))}."
-        )
+    """A model from checked settings (rope_lm.config.resolve_run checks a run's)."""
     cfg = ModelConfig(vocab_size=vocab_size, train_len=train_len, tuned_len=tuned_len,
-                      **{k: v for k, v in model.items() if k in fields})
+                      **{k: v for k, v in model.items() if k != "name"})
     return TransformerLM(cfg, pos, scaling)
 
 

@@ -1,12 +1,14 @@
-"""Train short, evaluate long: the whole run from a plain config dict.
+"""Train short, evaluate long: the whole run from a checked RunConfig.
 
-train.py and scripts/ hand this module a resolved config (nothing here reads
-Hydra). Every check that can fail on user input runs before the corpus is
-tokenized or a step is trained.
+train.py hands this module a RunConfig (rope_lm.config.resolve_run), scripts
+hand it plain settings that it checks with the same mechanism. Every check
+that can fail on user input runs before the corpus is tokenized or a step is
+trained.
 """
 
-from dataclasses import fields
+import dataclasses
 import datetime
+import json
 import logging
 import os
 import signal
@@ -15,29 +17,18 @@ import torch
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from rope_lm.checkpointing import AtomicCheckpointIO, GracefulStop, check_resumable, load_checkpoint, read_checkpoint, resolve_checkpoint
-from rope_lm.data import DataConfig, LMDataModule, prepare
-from rope_lm.errors import ConfigError
+from rope_lm.allocator import KeepFreedMemory
+from rope_lm.config import (DATA_ANNOTATIONS, RunConfig, TrainerConfig, resolve_run, split_data, typed,
+                            typed_component, typed_dataclass)
+from rope_lm.data import LMDataModule, prepare
+from rope_lm.errors import ConfigError, RopeLMError
 from rope_lm.evaluation import EvalConfig, evaluate_lengths, scored_tokens
 from rope_lm.lit import LitLM, TokensPerSecond
-from rope_lm.model import build_model
-from rope_lm.report import log_to_wandb, new_results, write_views
+from rope_lm.model import check_fit
+from rope_lm.report import RESULTS_JSON, atomic_write, log_to_wandb, new_results, write_json, write_views
+from rope_lm.scaling import METHODS
 
 log = logging.getLogger("rope_lm")
-
-# trainer.* settings rope-lm interprets itself; every other key goes to lightning.Trainer as is.
-OWN_TRAINER_KEYS = {"val_every_n_steps", "ckpt_every_n_steps", "ckpt_every_minutes", "precision", "deterministic",
-                    "compile", "skip_nonfinite"}
-
-
-def _eval_config(options: dict) -> EvalConfig:
-    known = {f.name for f in fields(EvalConfig)}
-    unknown = set(options) - known
-    if unknown:
-        raise ConfigError(f"Unknown eval setting(s) {', '.join(sorted(unknown))}; valid `eval.*` settings are {', '.join(sorted(known))}.")
-    cfg = EvalConfig(**options)
-    cfg.validate()
-    return cfg
-
 
 def method_label(options: dict | None) -> str:
     from rope_lm.scaling import build_scaling
@@ -56,51 +47,54 @@ def check_writable(out_dir: str):
         raise ConfigError(f"The output directory {out_dir} is not writable ({e.strerror}); set hydra.run.dir (or the script's out=) to a writable place.") from None
 
 
-def trainer_kwargs(options: dict, out_dir: str, logger, max_steps: int, on_stop=None):
-    import lightning as L
+def trainer_kwargs(tc: TrainerConfig, out_dir: str, logger, on_stop=None) -> dict:
     from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
 
-    opts = dict(options)
-    own = {k: opts.pop(k) for k in list(opts) if k in OWN_TRAINER_KEYS}
-    cuda = torch.cuda.is_available() and opts.get("accelerator", "auto") in ("auto", "gpu", "cuda")
-    precision = own.get("precision", "auto")
+    lightning = dict(tc.lightning)
+    cuda = torch.cuda.is_available() and lightning.get("accelerator", "auto") in ("auto", "gpu", "cuda")
+    precision = tc.precision
     if precision == "auto":
         precision = "bf16-mixed" if cuda and torch.cuda.is_bf16_supported() else "32-true"
-    deterministic = own.get("deterministic", "auto")
-    if deterministic == "auto":
-        deterministic = not cuda
+    deterministic = (not cuda) if tc.deterministic == "auto" else tc.deterministic
     ckpt_dir = os.path.join(out_dir, "checkpoints")
-    minutes = own.get("ckpt_every_minutes")
+    minutes = tc.ckpt_every_minutes
     callbacks = [
         ModelCheckpoint(dirpath=ckpt_dir, filename="best", monitor="val/loss", mode="min", save_top_k=1,
                         enable_version_counter=False),
         ModelCheckpoint(dirpath=ckpt_dir, save_last=True, save_top_k=0, enable_version_counter=False,
-                        every_n_train_steps=None if minutes else own.get("ckpt_every_n_steps", 200),
+                        every_n_train_steps=None if minutes else tc.ckpt_every_n_steps,
                         train_time_interval=datetime.timedelta(minutes=minutes) if minutes else None),
-        TokensPerSecond(every=opts.get("log_every_n_steps", 10)),
+        TokensPerSecond(every=lightning.get("log_every_n_steps") or 10),
         GracefulStop(ckpt_dir, on_stop),
+        KeepFreedMemory(),
     ]
     if logger is not None:
         callbacks.append(LearningRateMonitor(logging_interval="step"))
     kwargs = dict(
-        # One endless "epoch" (see data.StepSampler); max_steps ends it.
-        max_steps=max_steps, max_epochs=1, precision=precision, deterministic=deterministic, logger=logger if logger is not None else False,
-        callbacks=callbacks, default_root_dir=out_dir, val_check_interval=own.get("val_every_n_steps", 200),
-        check_val_every_n_epoch=None, use_distributed_sampler=False, num_sanity_val_steps=0,
-        plugins=[AtomicCheckpointIO()],
+        # Training is one endless "epoch" (data.StepSampler) that max_steps ends; max_epochs=-1 lets a
+        # finished run be extended (with max_epochs=1 Lightning would call the epoch done on resume).
+        max_steps=tc.max_steps, max_epochs=-1, precision=precision, deterministic=deterministic,
+        logger=logger if logger is not None else False, callbacks=callbacks, default_root_dir=out_dir,
+        val_check_interval=tc.val_every_n_steps, check_val_every_n_epoch=None, use_distributed_sampler=False,
+        num_sanity_val_steps=0, plugins=[AtomicCheckpointIO()],
     )
-    kwargs.update(opts)
-    import inspect
+    kwargs.update(lightning)
+    return kwargs
 
-    valid = set(inspect.signature(L.Trainer.__init__).parameters) - {"self"}
-    unknown = set(opts) - valid
-    if unknown:
-        raise ConfigError(
-            f"Unknown trainer setting(s) {', '.join(sorted(unknown))}: `trainer.*` keys are rope-lm's own "
-            f"({', '.join(sorted(OWN_TRAINER_KEYS))}) or arguments of lightning.Trainer (e.g. strategy, devices, "
-            f"num_nodes, accumulate_grad_batches, gradient_clip_val)."
-        )
-    return kwargs, own
+
+def build_trainer(kwargs: dict):
+    """lightning.Trainer, with a value Lightning refuses (trainer.devices=3 on
+    a 2-core CPU, an unknown strategy) reported as a configuration error
+    before any data or model work."""
+    import lightning as L
+    from lightning.fabric.utilities.exceptions import MisconfigurationException
+
+    try:
+        return L.Trainer(**kwargs)
+    except (MisconfigurationException, ValueError, TypeError, RuntimeError) as e:
+        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise ConfigError(f"lightning.Trainer refused the trainer settings ({first}). Check the `trainer.*` "
+                          f"values against Lightning's documentation.") from None
 
 
 def evaluate_and_report(model, cache, eval_cfg: EvalConfig, methods: list[dict | None], out_dir: str,
@@ -139,45 +133,34 @@ def evaluate_and_report(model, cache, eval_cfg: EvalConfig, methods: list[dict |
     return results
 
 
-def validate_before_work(cfg: dict):
-    """Every check that needs no data: config values, scheme/method fit, lengths."""
-    data_cfg, source = DataConfig.split(cfg["data"])
-    data_cfg.validate()
-    eval_cfg = _eval_config(cfg.get("eval") or {})
-    lengths = eval_cfg.resolve_lengths(data_cfg.seq_len)
-    if source.kind == "files":
-        from rope_lm.corpus import _expand_path
-
-        _expand_path(source.path)
-    probe = build_model(cfg["model"], cfg["pos"], cfg.get("scaling"), vocab_size=data_cfg.vocab_size, train_len=data_cfg.seq_len)
-    probe.validate_length(max(lengths))
-    return data_cfg, source, eval_cfg
-
-
-def train_and_evaluate(cfg: dict, out_dir: str, logger=None) -> dict:
-    data_cfg, source, eval_cfg = validate_before_work(cfg)
-    check_writable(out_dir)
-    init = load_init_from(cfg, data_cfg, eval_cfg, out_dir)
+def train_and_evaluate(run: RunConfig | dict, out_dir: str, logger=None) -> dict:
+    """Train under a checked RunConfig (a plain settings dict is checked here
+    by rope_lm.config.resolve_run), then evaluate past the training length.
+    Every check that can fail on user input or on the files given runs before
+    the corpus is tokenized."""
+    run = run if isinstance(run, RunConfig) else resolve_run(run)
+    ckpt_path = start_run(run, out_dir)
+    data_cfg = run.data
+    init = load_init_from(run, out_dir) if run.init_from else None
     if init:
         data_cfg = init["data_cfg"]
-    ckpt_path = resolve_checkpoint(cfg["ckpt_path"], "ckpt_path") if cfg.get("ckpt_path") else None
-    max_steps = cfg["trainer"]["max_steps"]
+    resumed = check_resume(ckpt_path, run, out_dir) if ckpt_path else None
+    if resumed:
+        data_cfg = resumed["data_cfg"]
     state = {}
 
     def write_partial(trainer):
-        results = _new_results(cfg, state["cache"], data_cfg, trainer, out_dir, status="interrupted")
-        write_views(results, out_dir)
+        write_views(_new_results(run, state["cache"], trainer, out_dir, status="interrupted"), out_dir)
 
-    kwargs, own = trainer_kwargs(cfg["trainer"], out_dir, logger, max_steps, on_stop=write_partial)
-
-    cache = state["cache"] = prepare(data_cfg, source)
-    lengths = eval_cfg.resolve_lengths(data_cfg.seq_len)
-    scored_tokens(len(cache.tokens(eval_cfg.split)), lengths, eval_cfg.token_budget, eval_cfg.split)
-    datamodule = LMDataModule(cache, data_cfg, cfg["seed"], kwargs.get("accumulate_grad_batches", 1))
-    hparams = dict(model=cfg["model"], pos=cfg["pos"], scaling=cfg.get("scaling"), optim=cfg["optim"],
-                   vocab_size=cache.vocab_size, train_len=data_cfg.seq_len, max_steps=max_steps,
-                   corpus=cache.corpus, data=cfg["data"], compile=own.get("compile", False),
-                   skip_nonfinite=own.get("skip_nonfinite", 0))
+    trainer = build_trainer(trainer_kwargs(run.trainer, out_dir, logger, on_stop=write_partial))
+    expected = resumed["corpus"] if resumed else None
+    cache = state["cache"] = prepare(data_cfg, run.source, expect_corpus=expected)
+    scored_tokens(len(cache.tokens(run.eval.split)), run.lengths, run.eval.token_budget, run.eval.split)
+    datamodule = LMDataModule(cache, data_cfg, run.seed, run.trainer.lightning.get("accumulate_grad_batches") or 1)
+    hparams = dict(model=run.model, pos=run.pos, scaling=run.scaling, optim=run.raw.get("optim") or {},
+                   vocab_size=cache.vocab_size, train_len=data_cfg.seq_len, max_steps=run.trainer.max_steps,
+                   corpus=cache.corpus, data=run.raw.get("data") or {}, compile=run.trainer.compile,
+                   skip_nonfinite=run.trainer.skip_nonfinite)
     if init:
         init_from_hparams(init, hparams)
     if ckpt_path:
@@ -185,18 +168,17 @@ def train_and_evaluate(cfg: dict, out_dir: str, logger=None) -> dict:
 
     import lightning as L
 
-    L.seed_everything(cfg["seed"], workers=True, verbose=False)
+    L.seed_everything(run.seed, workers=True, verbose=False)
     lit = LitLM(**hparams)
     if init:
         apply_init_from(init, lit)
     with open(os.path.join(cache.dir, "tokenizer.json")) as f:
         lit.tokenizer_json = f.read()
     log.info("Model: %.2fM parameters (%.2fM without embeddings), scheme %s, method %s",
-             lit.model.num_params(False) / 1e6, lit.model.num_params() / 1e6, cfg["pos"]["name"],
-             method_label(cfg.get("scaling")))
+             lit.model.num_params(False) / 1e6, lit.model.num_params() / 1e6, run.pos["name"],
+             method_label(run.scaling))
     if logger is not None:
-        logger.log_hyperparams(cfg)
-    trainer = L.Trainer(**kwargs)
+        logger.log_hyperparams(run.raw)
     try:
         trainer.fit(lit, datamodule=datamodule, ckpt_path=ckpt_path)
     except SIGTERMException as e:  # GracefulStop already saved the checkpoint and partial results
@@ -205,24 +187,155 @@ def train_and_evaluate(cfg: dict, out_dir: str, logger=None) -> dict:
     # The final state, whatever the checkpoint interval: `resume=` can extend the run from here.
     final = os.path.join(out_dir, "checkpoints", "last.ckpt")
     trainer.save_checkpoint(final)
-    results = _new_results(cfg, cache, data_cfg, trainer, out_dir, status="complete")
+    results = _new_results(run, cache, trainer, out_dir, status="complete")
     if trainer.is_global_zero:
         model = lit.model
         if trainer.world_size > 1:
             # Under DDP/FSDP the in-memory model may be sharded; evaluate the
             # consolidated checkpoint on this process alone.
             device = "cuda" if torch.cuda.is_available() else "cpu"
-            model = LitLM.load_from_checkpoint(final, map_location=device).model.to(device)
-        run = getattr(logger, "experiment", None) if logger is not None and logger.__class__.__name__ == "WandbLogger" else None
-        evaluate_and_report(model, cache, eval_cfg, [cfg.get("scaling")], out_dir, results, run)
+            model = load_checkpoint(final, device)[0].model
+        run_obj = getattr(logger, "experiment", None) if logger is not None and logger.__class__.__name__ == "WandbLogger" else None
+        evaluate_and_report(model, cache, run.eval, [run.scaling], out_dir, results, run_obj)
     return results
 
 
-def _new_results(cfg, cache, data_cfg, trainer, out_dir, status):
-    return new_results(cfg, cache.corpus, data_cfg.seq_len, cfg["pos"]["name"], status=status,
-                       training={"steps": trainer.global_step, "val_loss": _metric(trainer, "val/loss"),
-                                 "train_loss": _metric(trainer, "train/loss"),
-                                 "checkpoint_dir": os.path.join(out_dir, "checkpoints")})
+# --- one run, one folder ------------------------------------------------------
+
+RUN_CONFIG = "run.yaml"  # the run's settings as it (re)started; `resume=` reads them
+_claimed: dict = {}  # run folder -> (its lock, held until the process exits; whether it was new)
+
+
+def start_run(run: RunConfig, out_dir: str) -> str | None:
+    """Claim the run folder (claim_run_dir) and record the settings there;
+    returns the checkpoint to resume from, if any. Idempotent in a process."""
+    check_writable(out_dir)
+    ckpt_path = resolve_checkpoint(run.ckpt_path, "ckpt_path") if run.ckpt_path else None
+    if os.path.abspath(out_dir) not in _claimed:
+        claim_run_dir(out_dir, ckpt_path)
+        import yaml
+
+        atomic_write(os.path.join(out_dir, RUN_CONFIG), yaml.safe_dump(run.raw, sort_keys=False))
+    return ckpt_path
+
+
+def claim_run_dir(out_dir: str, ckpt_path: str | None) -> None:
+    """Refuse a folder that another run is using or has used: a run's files
+    are never overwritten by accident. Its own resume (a checkpoint inside
+    the folder) is the one way back in."""
+    from filelock import FileLock, Timeout
+
+    lock = FileLock(os.path.join(out_dir, ".run.lock"))
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        raise ConfigError(
+            f"Another rope-lm process is running in {out_dir} right now. Give this run its own folder "
+            f"(leave hydra.run.dir at its default, which is unique per run, or choose another)."
+        ) from None
+    resuming = ckpt_path is not None and os.path.abspath(ckpt_path).startswith(os.path.abspath(out_dir) + os.sep)
+    if resuming:
+        _claimed[os.path.abspath(out_dir)] = (lock, False)
+        return
+    taken = [name for name in (RESULTS_JSON, "checkpoints/last.ckpt", "checkpoints/best.ckpt")
+             if os.path.exists(os.path.join(out_dir, name))]
+    if taken:
+        raise ConfigError(
+            f"The run folder {out_dir} already holds another run's files ({', '.join(taken)}); this run would "
+            f"overwrite them, so it was not started. To continue that run: python train.py resume={out_dir} "
+            f"(with trainer.max_steps=N to train longer); for a new run, leave hydra.run.dir at its default "
+            f"(unique per run) or choose an empty folder."
+        )
+    _claimed[os.path.abspath(out_dir)] = (lock, True)
+
+
+def mark_failed(out_dir: str, config: dict, error: Exception) -> None:
+    """results.json of a run that stopped on an error says so (status
+    'failed' and the message), so a sweep's comparison lists it. Only in a
+    folder this run started anew: another run's or a resumed run's results
+    are never touched."""
+    path = os.path.join(out_dir, RESULTS_JSON)
+    claim = _claimed.get(os.path.abspath(out_dir))
+    if claim is not None and not claim[1]:
+        return  # a resume: the run's results stay as they were
+    if claim is None and any(os.path.exists(os.path.join(out_dir, n)) for n in (RESULTS_JSON, "checkpoints")):
+        return  # not ours
+    results = {"status": "failed", "config": config, "methods": {}, "results": []}
+    if claim is not None and os.path.exists(path):
+        try:
+            with open(path) as f:
+                results = json.load(f)
+        except (OSError, ValueError):
+            pass
+    results.update(status="failed", error=str(error))
+    try:
+        write_json(path, results)
+    except (OSError, RopeLMError):
+        pass  # the error being reported is likely this very disk
+
+def check_resume(ckpt_path: str, run: RunConfig, out_dir: str) -> dict:
+    """Before any work: the resumed run trains at least one more step, on the
+    corpus its checkpoint was trained on, with the checkpoint's tokenizer.
+    Returns the data settings to use and the corpus fingerprint to expect."""
+    saved = read_checkpoint(ckpt_path)
+    hp = saved["hyper_parameters"]
+    check_resumable(ckpt_path, {"model": run.model, "pos": run.pos, "train_len": run.data.seq_len,
+                                "vocab_size": hp.get("vocab_size")})
+    done = int(saved.get("global_step") or 0)
+    if run.trainer.max_steps <= done:
+        raise ConfigError(
+            f"The checkpoint {ckpt_path} has already trained {done} steps, and trainer.max_steps="
+            f"{run.trainer.max_steps} asks for no more. To train longer give a larger total, e.g. "
+            f"trainer.max_steps={done * 2}; to evaluate it again without training, use "
+            f"scripts/eval_extrapolation.py ckpt={ckpt_path}."
+        )
+    data_cfg = run.data
+    tokenizer_json = saved.get("tokenizer_json")
+    if tokenizer_json:
+        given = data_cfg.tokenizer_file
+        if given and _read(given) != tokenizer_json:
+            raise ConfigError(
+                f"data.tokenizer_file={given!r} is not the tokenizer the checkpoint {ckpt_path} was trained with; "
+                f"a resumed run keeps its own tokenizer: leave data.tokenizer_file unset."
+            )
+        data_cfg = dataclasses.replace(data_cfg, tokenizer_file=write_tokenizer(tokenizer_json, out_dir))
+    corpus = (hp.get("corpus") or {}).get("fingerprint")
+    return {"data_cfg": data_cfg, "corpus": (corpus, f"the checkpoint {ckpt_path}") if corpus else None,
+            "steps": done}
+
+
+def write_tokenizer(tokenizer_json: str, directory: str) -> str:
+    """The checkpoint's tokenizer as <directory>/tokenizer.json."""
+    path = os.path.join(directory, "tokenizer.json")
+    if not os.path.exists(path) or _read(path) != tokenizer_json:
+        atomic_write(path, tokenizer_json)
+    return path
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError as e:
+        raise ConfigError(f"{path} cannot be read ({e.strerror}).") from None
+
+
+def _new_results(run: RunConfig, cache, trainer, out_dir: str, status: str) -> dict:
+    """The results record of a training run. A metric this process did not
+    measure (a resumed run that validated no more) keeps its earlier value."""
+    previous = {}
+    path = os.path.join(out_dir, RESULTS_JSON)
+    if os.path.exists(path):
+        try:
+            with open(path) as f:
+                previous = json.load(f).get("training") or {}
+        except (OSError, ValueError):
+            previous = {}
+    training = {"steps": trainer.global_step, "checkpoint_dir": os.path.join(out_dir, "checkpoints")}
+    for name, key in (("val_loss", "val/loss"), ("train_loss", "train/loss")):
+        value = _metric(trainer, key)
+        training[name] = value if value is not None else previous.get(name)
+    return new_results(run.raw, cache.corpus, run.data.seq_len, run.pos["name"], status=status, training=training)
 
 
 def _metric(trainer, key):
@@ -230,28 +343,60 @@ def _metric(trainer, key):
     return None if v is None else float(v)
 
 
+# --- evaluating a checkpoint ------------------------------------------------------
+
 def evaluate_checkpoint(ckpt_path: str, methods: list[dict], eval_options: dict, data_overrides: dict,
-                        out_dir: str, device: str = "auto") -> dict:
+                        out_dir: str | None = None, device: str = "auto") -> dict:
     """Re-use a trained checkpoint: ppl@L under each extrapolation method, one
-    table and one plot. The corpus defaults to the checkpoint's own, tokenized
-    with the tokenizer stored in the checkpoint."""
+    table and one plot, in a new folder (default: <run>/eval/<methods>/,
+    numbered if taken); a folder that holds results already is refused. The
+    corpus defaults to the checkpoint's own, tokenized with the tokenizer
+    stored in the checkpoint."""
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    eval_cfg = _eval_config(eval_options)
+    eval_cfg = typed_dataclass(EvalConfig, eval_options, "eval.", "eval")
+    data_overrides = typed(data_overrides or {}, DATA_ANNOTATIONS, "data.", "data")
+    methods = [typed_component(METHODS, m or {"name": "none"}, "scaling") for m in methods]
     lit, ckpt_path = load_checkpoint(ckpt_path, device)
-    check_writable(out_dir)
     hp = lit.hparams
-    model = lit.model.to(device)
+    model = lit.model
     lengths = eval_cfg.resolve_lengths(model.cfg.train_len)
     for options in methods:  # refuse a method that does not fit before any work
         model.set_scaling(options)
         model.validate_length(max(lengths))
+    labels = [method_label(m) for m in methods]
+    out_dir = evaluation_dir(ckpt_path, labels) if out_dir is None else refuse_taken(out_dir)
+    check_writable(out_dir)
     cache, data_options = checkpoint_cache(lit, data_overrides, out_dir)
     config = {"ckpt_path": os.path.abspath(ckpt_path), "model": hp["model"], "pos": hp["pos"],
               "trained_scaling": hp.get("scaling"), "data": data_options, "eval": eval_options,
               "methods": methods}
     results = new_results(config, cache.corpus, model.cfg.train_len, hp["pos"]["name"])
+    results["out_dir"] = out_dir
     return evaluate_and_report(model, cache, eval_cfg, methods, out_dir, results)
+
+
+def evaluation_dir(ckpt_path: str, labels: list[str]) -> str:
+    """<run>/eval/<labels>[-N]: a new folder beside the run's own files."""
+    ckpt_dir = os.path.dirname(os.path.abspath(ckpt_path))
+    run = os.path.dirname(ckpt_dir) if os.path.basename(ckpt_dir) == "checkpoints" else ckpt_dir
+    base = os.path.join(run, "eval", "-".join(labels)[:80] or "none")
+    path, n = base, 1
+    while os.path.exists(path):
+        n += 1
+        path = f"{base}-{n}"
+    return path
+
+
+def refuse_taken(out_dir: str) -> str:
+    taken = [name for name in (RESULTS_JSON, "checkpoints") if os.path.exists(os.path.join(out_dir, name))]
+    if taken:
+        raise ConfigError(
+            f"out={out_dir} already holds results ({', '.join(taken)}); an evaluation never overwrites another "
+            f"run's or evaluation's files. Leave out= unset (a new folder inside the run: <run>/eval/<methods>/) "
+            f"or give a new folder."
+        )
+    return out_dir
 
 
 def checkpoint_cache(lit, data_overrides: dict | None, work_dir: str):
@@ -261,11 +406,8 @@ def checkpoint_cache(lit, data_overrides: dict | None, work_dir: str):
     data_options = {**(lit.hparams.get("data") or {}), **(data_overrides or {})}
     if lit.tokenizer_json:
         os.makedirs(work_dir, exist_ok=True)
-        tok_path = os.path.join(work_dir, "tokenizer.json")
-        with open(tok_path, "w") as f:
-            f.write(lit.tokenizer_json)
-        data_options["tokenizer_file"] = tok_path
-    data_cfg, source = DataConfig.split(data_options)
+        data_options["tokenizer_file"] = write_tokenizer(lit.tokenizer_json, work_dir)
+    data_cfg, source = split_data(data_options)
     cache = prepare(data_cfg, source)
     if cache.vocab_size > lit.model.cfg.vocab_size:
         raise ConfigError(f"The evaluation tokenizer has {cache.vocab_size} tokens but the model only "
@@ -279,28 +421,28 @@ def checkpoint_cache(lit, data_overrides: dict | None, work_dir: str):
 FINETUNE_FREE_MODEL_KEYS = {"name", "dropout", "attention"}
 
 
-def load_init_from(cfg: dict, data_cfg: DataConfig, eval_cfg: EvalConfig, out_dir: str) -> dict | None:
+def load_init_from(run: RunConfig, out_dir: str) -> dict:
     """`init_from=<ckpt or run dir>`: start from a trained model's weights.
 
     The new model keeps the checkpoint's training length (so a method with
     `factor: auto` trains at s = data.seq_len / L_original, and is evaluated
     at that s on shorter sequences, PosContext.tuned_len) and its vocabulary, and
-    the corpus is tokenized with the checkpoint's tokenizer. model.* and pos.*
-    must equal the checkpoint's; a difference is refused here, before any data
-    or training work. Returns None without init_from, else what
-    `apply_init_from` needs, with data_cfg switched to that tokenizer."""
-    given = cfg.get("init_from")
-    if not given:
-        return None
+    the corpus is tokenized with the checkpoint's tokenizer (a different
+    data.tokenizer_file is refused). The corpus may differ from the
+    checkpoint's: fine-tuning on new text is what init_from is for. model.*
+    and pos.* must equal the checkpoint's; a difference is refused here,
+    before any data or training work. Returns what `apply_init_from` needs,
+    with data_cfg switched to that tokenizer."""
+    given = run.init_from
     path = resolve_checkpoint(given, "init_from")
     saved = read_checkpoint(path)
     hp = dict(saved["hyper_parameters"])
     weights = {k[len("model."):]: v for k, v in saved["state_dict"].items() if k.startswith("model.")}
-    diffs = [f"pos.{k}: checkpoint {hp['pos'].get(k)!r}, this run {cfg['pos'].get(k)!r}"
-             for k in sorted(set(hp["pos"]) | set(cfg["pos"])) if hp["pos"].get(k) != cfg["pos"].get(k)]
-    diffs += [f"model.{k}: checkpoint {hp['model'].get(k)!r}, this run {cfg['model'].get(k)!r}"
-              for k in sorted(set(hp["model"]) | set(cfg["model"]) - FINETUNE_FREE_MODEL_KEYS)
-              if hp["model"].get(k) != cfg["model"].get(k)]
+    diffs = [f"pos.{k}: checkpoint {hp['pos'].get(k)!r}, this run {run.pos.get(k)!r}"
+             for k in sorted(set(hp["pos"]) | set(run.pos)) if hp["pos"].get(k) != run.pos.get(k)]
+    diffs += [f"model.{k}: checkpoint {hp['model'].get(k)!r}, this run {run.model.get(k)!r}"
+              for k in sorted(set(hp["model"]) | set(run.model) - FINETUNE_FREE_MODEL_KEYS)
+              if hp["model"].get(k) != run.model.get(k)]
     if diffs:
         raise ConfigError(
             f"init_from={given!r} was trained with different model/positional settings ({'; '.join(diffs)}). "
@@ -308,16 +450,18 @@ def load_init_from(cfg: dict, data_cfg: DataConfig, eval_cfg: EvalConfig, out_di
             f".hydra/config.yaml lists them all)."
         )
     train_len, vocab_size = int(hp["train_len"]), int(hp["vocab_size"])
+    data_cfg = run.data
     # The model must run at the new length with the checkpoint's L (e.g. a learned table of L rows).
-    probe = build_model(cfg["model"], cfg["pos"], cfg.get("scaling"), vocab_size=vocab_size, train_len=train_len)
-    probe.validate_length(max(eval_cfg.resolve_lengths(data_cfg.seq_len) + [data_cfg.seq_len]))
-    if saved.get("tokenizer_json") and not data_cfg.tokenizer_file:
-        import dataclasses
-
-        check_writable(out_dir)
-        tok_path = os.path.join(out_dir, "init_from_tokenizer.json")
-        with open(tok_path, "w") as f:
-            f.write(saved["tokenizer_json"])
+    mcfg = run.model_config(vocab_size=vocab_size, train_len=train_len)
+    check_fit(mcfg, run.pos, run.scaling, max(run.lengths + [data_cfg.seq_len]))
+    if saved.get("tokenizer_json"):
+        if data_cfg.tokenizer_file and _read(data_cfg.tokenizer_file) != saved["tokenizer_json"]:
+            raise ConfigError(
+                f"data.tokenizer_file={data_cfg.tokenizer_file!r} is not the tokenizer init_from={given!r} was "
+                f"trained with; a fine-tune must read the token ids its weights were trained on: leave "
+                f"data.tokenizer_file unset and the checkpoint's own tokenizer is used."
+            )
+        tok_path = write_tokenizer(saved["tokenizer_json"], out_dir)
         data_cfg = dataclasses.replace(data_cfg, tokenizer_file=tok_path)
     log.info("Fine-tuning %s (trained at L=%d) at data.seq_len=%d", path, train_len, data_cfg.seq_len)
     tuned_len = max(data_cfg.seq_len, int(hp.get("tuned_len") or 0))

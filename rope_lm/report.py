@@ -7,6 +7,8 @@ import os
 import subprocess
 import tempfile
 
+from rope_lm.errors import write_failure
+
 RESULTS_JSON = "results.json"
 RESULTS_MD = "results.md"
 RESULTS_PNG = "ppl_vs_length.png"
@@ -16,9 +18,10 @@ def atomic_write(path: str, data: str | bytes):
     """Write via a temporary file and a rename, so a kill mid-write leaves the
     previous version intact, never a truncated file."""
     d = os.path.dirname(os.path.abspath(path))
-    os.makedirs(d, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-" + os.path.basename(path))
+    tmp = None
     try:
+        os.makedirs(d, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-" + os.path.basename(path))
         # mkstemp makes the file private (0600); results should be as readable as any file the user writes.
         umask = os.umask(0)
         os.umask(umask)
@@ -28,10 +31,12 @@ def atomic_write(path: str, data: str | bytes):
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
+    except OSError as e:
+        kept = f"The previous {os.path.basename(path)} is untouched. " if os.path.exists(path) else ""
+        raise write_failure(path, e, kept) from None
+    finally:
+        if tmp and os.path.exists(tmp):
             os.unlink(tmp)
-        raise
 
 
 def write_json(path: str, obj):
@@ -80,10 +85,13 @@ def markdown_table(results: dict) -> str:
     head = "| method | " + " | ".join(f"{L} ({L / train_len:g}×)" for L in lengths) + " |"
     sep = "|---" * (len(lengths) + 1) + "|"
 
+    def value(row, key):
+        return (row.get("sliding") or {}).get("ppl") if key == "sliding_ppl" else row.get(key)
+
     def table(key):
         lines = [head, sep]
         for m in methods:
-            lines.append(f"| {m} | " + " | ".join(_fmt(by[(m, L)].get(key)) if (m, L) in by else "" for L in lengths) + " |")
+            lines.append(f"| {m} | " + " | ".join(_fmt(value(by[(m, L)], key)) if (m, L) in by else "" for L in lengths) + " |")
         return "\n".join(lines)
 
     scored = rows[0]["tokens"] if rows else 0
@@ -102,9 +110,6 @@ def markdown_table(results: dict) -> str:
         table("ppl_beyond"),
     ]
     if any("sliding" in r for r in rows):
-        for r in rows:
-            if "sliding" in r:
-                r["sliding_ppl"] = r["sliding"]["ppl"]
         out += ["", f"## Sliding-window PPL (stride {rows[0]['sliding']['stride']})", "", table("sliding_ppl")]
     return "\n".join(out) + "\n"
 
@@ -153,10 +158,12 @@ def plot(results: dict, path: str):
     ax2.set_ylabel("mean token loss (nats)")
     ax2.set_title("per-position loss, longest window")
     fig.tight_layout()
-    tmp = path + ".tmp.png"
-    fig.savefig(tmp, dpi=110)
+    import io
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
     plt.close(fig)
-    os.replace(tmp, path)
+    atomic_write(path, buf.getvalue())
 
 
 def write_views(results: dict, out_dir: str, draw: bool = True):

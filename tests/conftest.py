@@ -22,6 +22,7 @@ import torch  # noqa: E402
 torch.set_num_threads(1)
 
 from rope_lm.corpus import SourceConfig, stdlib_dir  # noqa: E402
+from rope_lm.config import split_data  # noqa: E402
 from rope_lm.data import DataConfig, prepare  # noqa: E402
 
 TINY_FILES = ["textwrap.py", "colorsys.py", "bisect.py", "heapq.py", "keyword.py", "shlex.py", "fnmatch.py",
@@ -55,7 +56,7 @@ def tiny_data_options(tiny_corpus, tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def tiny_cache(tiny_data_options):
-    data, source = DataConfig.split(tiny_data_options)
+    data, source = split_data(tiny_data_options)
     return prepare(data, source)
 
 

@@ -236,7 +236,6 @@ def test_a_failed_flex_compile_falls_back_to_sdpa(monkeypatch):
         return lambda *a, **kw: flex_attention(*a, **kw)
 
     monkeypatch.setattr(attention, "_flex_fn", no_compiler)
-    monkeypatch.setattr(attention, "_flex_broken", set())
     scheme, pos, plan = make_scheme("t5"), positions("int"), AttnPlan(window=6)
     with torch.no_grad():
         q, k, v = (torch.randn(B, DIMS.n_head, T, DIMS.head_dim) for _ in range(3))
@@ -245,3 +244,4 @@ def test_a_failed_flex_compile_falls_back_to_sdpa(monkeypatch):
         torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-4)
         assert choose_kernel("flex", scheme, plan, torch.device("cpu")) == "sdpa"  # remembered for this scheme
         assert choose_kernel("flex", make_scheme("alibi"), plan, torch.device("cpu")) == "flex"  # not for others
+        assert choose_kernel("flex", make_scheme("t5"), plan, torch.device("cpu")) == "flex"  # nor another t5 model

@@ -9,13 +9,14 @@ import numpy as np
 import pytest
 
 from rope_lm.corpus import SourceConfig, assign_splits, load_documents, stdlib_dir
+from rope_lm.config import split_data  # noqa: E402
 from rope_lm.data import DataConfig, StepSampler, TokenWindows, prepare
 from rope_lm.errors import ConfigError
 from tests.conftest import write_corpus
 
 
 def _prepare(options, **changes):
-    data, source = DataConfig.split({**options, **changes})
+    data, source = split_data({**options, **changes})
     return prepare(data, source)
 
 

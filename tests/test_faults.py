@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from rope_lm import lit as lit_module
+from rope_lm.config import split_data  # noqa: E402
 from rope_lm.data import DataConfig, cache_problem, prepare
 from rope_lm.errors import TrainingDiverged
 from rope_lm.pipeline import train_and_evaluate
@@ -46,7 +47,7 @@ def test_nan_can_be_skipped_a_bounded_number_of_times(tiny_config, tmp_path, mon
 
 
 def _build(options, queue):
-    data, source = DataConfig.split(options)
+    data, source = split_data(options)
     logging.basicConfig(level=logging.INFO)
     queue.put(prepare(data, source).dir)
 

@@ -67,8 +67,7 @@ def test_a_finetuned_model_keeps_its_scale_on_shorter_sequences(tiny_config, tmp
 
 
 def test_init_from_refuses_a_different_model_before_any_work(tiny_config, tmp_path):
-    from rope_lm.data import DataConfig
-    from rope_lm.pipeline import _eval_config
+    from rope_lm.config import resolve_run
 
     ckpt = tmp_path / "fake.ckpt"
     hp = {"model": dict(tiny_config["model"]), "pos": dict(tiny_config["pos"], base=500000.0), "train_len": 16,
@@ -76,10 +75,8 @@ def test_init_from_refuses_a_different_model_before_any_work(tiny_config, tmp_pa
     torch.save({"hyper_parameters": hp, "state_dict": {}}, ckpt)
     cfg = copy.deepcopy(tiny_config)
     cfg["init_from"] = str(ckpt)
-    data_cfg, _ = DataConfig.split(cfg["data"])
-    eval_cfg = _eval_config(cfg["eval"])
     with pytest.raises(ConfigError, match=r"pos\.base: checkpoint 500000\.0, this run 10000\.0"):
-        load_init_from(cfg, data_cfg, eval_cfg, str(tmp_path / "out"))
+        load_init_from(resolve_run(cfg), str(tmp_path / "out"))
     hp["pos"]["base"] = 10000.0
     hp["model"]["d_model"] = 64
     torch.save({"hyper_parameters": hp, "state_dict": {}}, ckpt)
@@ -88,6 +85,4 @@ def test_init_from_refuses_a_different_model_before_any_work(tiny_config, tmp_pa
     assert not os.path.exists(tmp_path / "out" / "checkpoints")
     cfg["init_from"] = str(tmp_path / "missing")
     with pytest.raises(ConfigError, match="init_from='.*missing' is not a checkpoint"):
-        load_init_from(cfg, data_cfg, eval_cfg, str(tmp_path / "out"))
-    cfg["init_from"] = None
-    assert load_init_from(cfg, data_cfg, eval_cfg, str(tmp_path / "out")) is None
+        load_init_from(resolve_run(cfg), str(tmp_path / "out"))

@@ -400,14 +400,14 @@ def test_learned_interpolates_fractional_positions():
 
 
 def test_learned_refuses_evaluation_past_its_table_before_any_work(tiny_config):
-    from rope_lm.pipeline import validate_before_work
+    from rope_lm.config import resolve_run
 
     cfg = tiny_config
     cfg["pos"] = options("learned")  # 2048 rows: the default run's 16 x 128 fits, 32 x 128 does not
     cfg["eval"]["multipliers"] = [1, 2, 4, 8, 16, 32]
     cfg["data"]["seq_len"] = 128
     with pytest.raises(ConfigError, match="2048 rows, but 4096 positions") as err:
-        validate_before_work(cfg)
+        resolve_run(cfg)
     assert "pos.max_positions" in str(err.value)
 
 

@@ -34,6 +34,10 @@ class PosContext:
     # `factor: auto` method never scales below it, so a model fine-tuned at
     # s = 4 is evaluated at s = 4 on shorter sequences too.
     tuned_len: int | None = None
+    # The model's mode (model.train() / model.eval()), never autograd's: a
+    # method that acts only at evaluation reads this, so evaluation numbers do
+    # not depend on whether gradients are recorded.
+    training: bool = False
     cache: dict = field(default_factory=dict)  # shared by all layers of one forward
 
 

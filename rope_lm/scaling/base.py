@@ -12,11 +12,11 @@ training length and n = i + 1 is the number of keys that query attends to,
 itself included (min(i + 1, w) under a sliding window of w keys). n <= L is
 therefore the identity, so the whole training window is untouched.
 
-By default log-n acts only at evaluation. A forward counts as training when
-``ctx.training`` says so or, where the context carries no such flag, when
-autograd is recording (Lightning's training_step records, its validation and
-rope_lm.evaluation run under no_grad). ``logn_in_training=True`` applies it to
-every forward, e.g. during a fine-tune at a longer length.
+By default log-n acts only at evaluation: in a forward of a model in eval
+mode (``ctx.training`` is the model's ``.training``; Lightning switches it for
+validation, rope_lm.evaluation sets eval mode), whether or not autograd
+records. ``logn_in_training=True`` applies it to every forward, e.g. during a
+fine-tune at a longer length.
 """
 
 import math
@@ -101,12 +101,7 @@ class ScalingMethod:
     def logn_active(self, ctx) -> bool:
         if not self.logn:
             return False
-        if self.logn_in_training:
-            return True
-        training = getattr(ctx, "training", None)
-        if training is None:
-            training = torch.is_grad_enabled()
-        return not training
+        return self.logn_in_training or not ctx.training
 
     def describe(self, scheme, ctx) -> dict:
         """The realized settings at ctx.seq_len, for the results JSON."""
