@@ -102,6 +102,8 @@ class SweepSummary(Callback):
     def on_job_end(self, config, job_return, **kwargs):
         from hydra.core.utils import JobStatus
 
+        if self.path is None:  # a single run: Hydra calls job callbacks there too
+            return
         failed = job_return.status == JobStatus.FAILED
         error = job_return._return_value if failed else None
         self.jobs.append({

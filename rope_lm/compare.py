@@ -23,6 +23,7 @@ import re
 
 from rope_lm.errors import ConfigError
 from rope_lm.report import RESULTS_JSON, atomic_write, log_binned
+from rope_lm.sweep import job_dirs, sweep_jobs
 
 log = logging.getLogger("rope_lm")
 
@@ -106,7 +107,7 @@ def find_results(paths: list[str]) -> list[str]:
             dirs[:] = sorted(d for d in dirs if d not in SKIP_DIRS and not d.startswith("."))
             if RESULTS_JSON in files:
                 here.append(os.path.abspath(os.path.join(root, RESULTS_JSON)))
-        if not here:
+        if not here and not job_dirs(p):
             raise ConfigError(f"No {RESULTS_JSON} under {p}: point compare at finished runs (train.py or scripts/eval_extrapolation.py write one per run).")
         found += here
     return list(dict.fromkeys(found))
@@ -155,13 +156,22 @@ def _reference(s: Series, siblings: list[Series]) -> float | None:
 
 
 def load_runs(paths: list[str]) -> tuple[list[Run], list[str]]:
-    """The runs with at least one evaluated length, and notes on those skipped."""
+    """The runs with at least one evaluated length, and a note on every job
+    that is not complete: failed (and why), interrupted, half-evaluated, or
+    stopped before writing results. None is dropped silently."""
     runs, skipped = [], []
+    states = {j["dir"]: j for j in sweep_jobs(paths)}
+    for d, job in states.items():
+        if job["state"] != "complete":
+            skipped.append(f"{job['state'].upper()}: `{_short(d)}`: {job['detail']}")
     for p in find_results(paths):
+        job = states.get(os.path.dirname(p))
+        if job is not None and job["state"] == "failed":
+            continue  # listed with its error above; an unreadable results.json is an error of its own
         run = load_run(p)
         if run.series:
             runs.append(run)
-        else:
+        elif job is None:
             status = run.results.get("status", "no status")
             skipped.append(f"{os.path.dirname(p)}: no evaluated lengths ({status})")
     if not runs:
@@ -256,7 +266,8 @@ def markdown(groups: list[Group], skipped: list[str], title: str) -> str:
                 f"### PPL of tokens at positions ≥ {L0} (past the training length)", "",
                 table(lambda s, L: s.rows[L].get("ppl_beyond") if L in s.rows else None), ""]
     if skipped:
-        out += ["## Skipped", ""] + [f"- {s}" for s in skipped] + [""]
+        out += ["## Jobs not complete (shown above only where some lengths were evaluated)", ""]
+        out += [f"- {s}" for s in skipped] + [""]
     return "\n".join(out)
 
 

@@ -21,6 +21,7 @@ import torch
 from rope_lm.attention import attention_probs
 from rope_lm.checkpointing import load_checkpoint, resolve_checkpoint  # noqa: F401  (public for the scripts)
 from rope_lm.errors import ConfigError
+from rope_lm.frequencies import inverse_frequencies
 
 
 # --- checkpoints and their data ---------------------------------------------------
@@ -226,7 +227,7 @@ def rope_inv_freq(head_dim: int, base: float) -> torch.Tensor:
         raise ConfigError(f"head dim {head_dim} must be an even number of at least 2 (RoPE rotates channel pairs).")
     if base <= 1:
         raise ConfigError(f"RoPE base {base} must be greater than 1.")
-    return base ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+    return inverse_frequencies(head_dim, base)
 
 
 def rope_decay_bound(inv_freq: torch.Tensor, distances) -> torch.Tensor:
@@ -274,12 +275,13 @@ def checkpoint_rope_frequencies(model, length: int) -> tuple[torch.Tensor, float
     """(inverse frequencies, attention factor, description) of a RoPE model's
     scheme under its current extrapolation method at the given length."""
     scheme = model.pos_scheme
-    if not hasattr(scheme, "rot_dim") or not hasattr(scheme, "base") or scheme.family != "rotary":
+    if scheme.rotary is None:
         raise ConfigError(f"The checkpoint's scheme {scheme.name!r} is not RoPE-like (family {scheme.family!r}); "
                           f"the decay curve is defined for rotary schemes. Leave out the checkpoint to plot bases and head dims.")
-    inv_freq, factor = model.scaling.rope_frequencies(scheme.rot_dim, float(scheme.base), model.context(length))
+    spec = scheme.rotary
+    inv_freq, factor = model.scaling.rope_frequencies(spec.rot_dim, spec.base, model.context(length))
     label = getattr(model.scaling, "label", model.scaling.name)
-    return inv_freq.to(torch.float64), float(factor), f"checkpoint: d={scheme.rot_dim}, base {scheme.base:g}, {label} at {length}"
+    return inv_freq.to(torch.float64), float(factor), f"checkpoint: d={spec.rot_dim}, base {spec.base:g}, {label} at {length}"
 
 
 # --- position-encoding similarity ---------------------------------------------------
@@ -289,7 +291,7 @@ def sinusoidal_table(n: int, dim: int, base: float = 10000.0) -> torch.Tensor:
     if dim < 2 or dim % 2:
         raise ConfigError(f"The sinusoidal encoding needs an even dimension of at least 2, not {dim}.")
     pos = torch.arange(n, dtype=torch.float64)[:, None]
-    inv = base ** (-torch.arange(0, dim, 2, dtype=torch.float64) / dim)
+    inv = inverse_frequencies(dim, base)
     table = torch.zeros(n, dim, dtype=torch.float64)
     table[:, 0::2] = torch.sin(pos * inv)
     table[:, 1::2] = torch.cos(pos * inv)

@@ -29,7 +29,10 @@ def write_failure(path: str, error: BaseException, kept: str = "") -> OutputErro
     except OSError:
         free = None
     code = getattr(error, "errno", None)
-    if code in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG) or (free is not None and free < 64 << 20):
+    # torch's zip writer reports a write that the disk refused as RuntimeError("[enforce fail at
+    # inline_container.cc] unexpected pos ..." / "file write failed"), without an errno.
+    torn = isinstance(error, RuntimeError) and any(m in str(error) for m in ("unexpected pos", "write failed"))
+    if code in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG) or torn or (free is not None and free < 64 << 20):
         cause = "the disk is full" + (f" ({free / 2**20:.0f} MiB free in {directory})" if free is not None else "")
         fix = "free some space (or point hydra.run.dir / data.cache_dir at a larger disk)"
     elif code in (errno.EACCES, errno.EPERM, errno.EROFS):

@@ -105,6 +105,20 @@ class LitLM(L.LightningModule):
         if loss is not None:
             self.log("val/ppl", torch.exp(loss), sync_dist=True)
 
+    def lr_factor(self, step: int) -> float:
+        o = self.optim
+        return warmup_cosine(step, o.warmup_steps, self.max_steps, o.min_lr_ratio)
+
+    def on_train_start(self):
+        # The optimizer state restored on resume carries the learning rate of the old plan; a run
+        # extended to a new trainer.max_steps continues on the schedule re-planned over the new total
+        # (README). Elsewhere (a new run, a resume at the same total) this rewrites the same values.
+        for config in self.trainer.lr_scheduler_configs:
+            sched = config.scheduler
+            for group, base in zip(sched.optimizer.param_groups, sched.base_lrs):
+                group["lr"] = base * self.lr_factor(self.global_step)
+            sched._last_lr = [group["lr"] for group in sched.optimizer.param_groups]
+
     def configure_optimizers(self):
         o = self.optim
         decay = [p for p in self.model.parameters() if p.requires_grad and p.dim() >= 2]
@@ -114,9 +128,7 @@ class LitLM(L.LightningModule):
             [{"params": decay, "weight_decay": o.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
             lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps, **({"fused": True} if fused else {}),
         )
-        sched = torch.optim.lr_scheduler.LambdaLR(
-            opt, lambda step: warmup_cosine(step, o.warmup_steps, self.max_steps, o.min_lr_ratio)
-        )
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, self.lr_factor)
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
 

@@ -145,15 +145,15 @@ def train_and_evaluate(run: RunConfig | dict, out_dir: str, logger=None) -> dict
     if init:
         data_cfg = init["data_cfg"]
     resumed = check_resume(ckpt_path, run, out_dir) if ckpt_path else None
-    if resumed:
-        data_cfg = resumed["data_cfg"]
     state = {}
 
     def write_partial(trainer):
         write_views(_new_results(run, state["cache"], trainer, out_dir, status="interrupted"), out_dir)
 
     trainer = build_trainer(trainer_kwargs(run.trainer, out_dir, logger, on_stop=write_partial))
-    expected = resumed["corpus"] if resumed else None
+    expected = None
+    if resumed:
+        data_cfg, expected = resumed["data_cfg"], resumed["corpus"]
     cache = state["cache"] = prepare(data_cfg, run.source, expect_corpus=expected)
     scored_tokens(len(cache.tokens(run.eval.split)), run.lengths, run.eval.token_budget, run.eval.split)
     datamodule = LMDataModule(cache, data_cfg, run.seed, run.trainer.lightning.get("accumulate_grad_batches") or 1)
@@ -165,6 +165,7 @@ def train_and_evaluate(run: RunConfig | dict, out_dir: str, logger=None) -> dict
         init_from_hparams(init, hparams)
     if ckpt_path:
         check_resumable(ckpt_path, hparams)
+        write_run_config(run, out_dir)  # e.g. the new trainer.max_steps, for the next resume
 
     import lightning as L
 
@@ -213,10 +214,15 @@ def start_run(run: RunConfig, out_dir: str) -> str | None:
     ckpt_path = resolve_checkpoint(run.ckpt_path, "ckpt_path") if run.ckpt_path else None
     if os.path.abspath(out_dir) not in _claimed:
         claim_run_dir(out_dir, ckpt_path)
-        import yaml
-
-        atomic_write(os.path.join(out_dir, RUN_CONFIG), yaml.safe_dump(run.raw, sort_keys=False))
+        if _claimed[os.path.abspath(out_dir)][1]:  # a new run; a resume records its settings once checked
+            write_run_config(run, out_dir)
     return ckpt_path
+
+
+def write_run_config(run: RunConfig, out_dir: str) -> None:
+    import yaml
+
+    atomic_write(os.path.join(out_dir, RUN_CONFIG), yaml.safe_dump(run.raw, sort_keys=False))
 
 
 def claim_run_dir(out_dir: str, ckpt_path: str | None) -> None:

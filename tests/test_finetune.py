@@ -41,7 +41,7 @@ def test_finetune_continues_from_the_checkpoint_at_a_longer_length(tiny_config, 
 
 def test_a_finetuned_model_keeps_its_scale_on_shorter_sequences(tiny_config, tmp_path):
     from rope_lm.lit import LitLM
-    from rope_lm.positional.rope import default_inv_freq
+    from rope_lm.frequencies import default_inv_freq
 
     base_dir = str(tmp_path / "base")
     base_cfg = copy.deepcopy(tiny_config)

@@ -14,9 +14,10 @@ from rope_lm.attention import explicit_attention
 from rope_lm.errors import ConfigError
 from rope_lm.model import build_model
 from rope_lm.positional import Dims, PosContext, PositionalScheme
-from rope_lm.positional.rope import RoPE, default_inv_freq, rotate
+from rope_lm.frequencies import default_inv_freq
+from rope_lm.positional.rope import RoPE, rotate
 from rope_lm.scaling import METHODS, build_scaling
-from rope_lm.scaling import frequencies as F
+from rope_lm import frequencies as F
 from rope_lm.scaling.base import logn_scale
 from rope_lm.scaling.hierarchical import hierarchical_table
 

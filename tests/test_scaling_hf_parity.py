@@ -16,7 +16,7 @@ from transformers.utils import logging as hf_logging  # noqa: E402
 
 from rope_lm.positional import PosContext  # noqa: E402
 from rope_lm.scaling import build_scaling  # noqa: E402
-from rope_lm.scaling import frequencies as F  # noqa: E402
+from rope_lm import frequencies as F  # noqa: E402
 
 hf_logging.set_verbosity_error()
 

@@ -5,13 +5,8 @@ import math
 
 import torch
 
+from rope_lm.frequencies import inverse_frequencies
 from rope_lm.positional.base import PositionalScheme
-
-
-def inverse_frequencies(dim: int, base: float, device=None) -> torch.Tensor:
-    """omega_i = base^(-2i/dim) for i = 0 .. ceil(dim/2)-1 (Vaswani et al., 2017)."""
-    i = torch.arange(0, (dim + 1) // 2, dtype=torch.float64, device=device)
-    return (base ** (-2.0 * i / dim)).to(torch.float32)
 
 
 def sinusoid(pos: torch.Tensor, dim: int, base: float = 10000.0, layout: str = "interleaved") -> torch.Tensor:
@@ -20,7 +15,7 @@ def sinusoid(pos: torch.Tensor, dim: int, base: float = 10000.0, layout: str = "
     'interleaved' is Vaswani's PE(p, 2i) = sin, PE(p, 2i+1) = cos; 'halves' puts
     all sines first (Transformer-XL). The layout does not change inner products.
     """
-    angles = pos.to(torch.float32)[:, None] * inverse_frequencies(dim, base, pos.device)[None, :]
+    angles = pos.to(torch.float32)[:, None] * inverse_frequencies(dim, base, pos.device).float()[None, :]
     if layout == "interleaved":
         out = torch.stack((angles.sin(), angles.cos()), dim=-1).flatten(-2)
     else:

@@ -23,6 +23,16 @@ class Dims:
     train_len: int  # the context the model was (pre)trained at
 
 
+@dataclass(frozen=True)
+class RotarySpec:
+    """What a rotary scheme offers extrapolation methods: the channels it
+    rotates, its base, and how it pairs them (rope_lm.frequencies)."""
+
+    rot_dim: int
+    base: float
+    pairing: str  # 'half' (GPT-NeoX/Llama) | 'interleaved' (GPT-J/RoFormer)
+
+
 @dataclass
 class PosContext:
     """What every hook sees about the current forward pass."""
@@ -46,6 +56,9 @@ class PositionalScheme(nn.Module):
     # 'none' | 'absolute' | 'rotary' | 'bias' | 'relative': scaling methods
     # use it to decide whether they apply.
     family: str = "none"
+    # Capabilities that extrapolation methods read (and nothing else of a scheme):
+    rotary: RotarySpec | None = None  # set by schemes that rotate Q and K with RoPE frequencies
+    table_rows: int | None = None  # set by schemes whose positions index a trained table of this many rows
     has_bias: bool = False  # implements bias() (and, for flex attention, score_mod())
     has_content_terms: bool = False  # implements content_scores() and/or value_term()
 

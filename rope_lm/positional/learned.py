@@ -18,13 +18,6 @@ from rope_lm.positional import SCHEMES
 from rope_lm.positional.base import PositionalScheme
 
 
-def table_methods() -> list[str]:
-    """Registered extrapolation methods that extend a position table."""
-    from rope_lm.scaling import METHODS
-
-    return [n for n in METHODS.names() if getattr(METHODS.get(n), "extends_position_table", False)]
-
-
 def lookup(table: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
     """Rows of table at pos (T,), linearly interpolated for fractional positions.
     Positions in (n-1, n) for n rows read the last row: position interpolation
@@ -41,17 +34,18 @@ def lookup(table: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
 @SCHEMES.register("learned")
 class LearnedAbsolute(PositionalScheme):
     family = "absolute"
-    learned_table = True  # what hierarchical decomposition looks for
 
     def __init__(self, dims, max_positions: int = 2048, init_std: float = 0.02):
         super().__init__(dims)
         if not isinstance(max_positions, int) or max_positions < 1:
             raise ConfigError(f"pos.max_positions={max_positions!r} must be a positive integer (rows of the learned table).")
         self.max_positions = max_positions
+        self.table_rows = max_positions
         self.weight = nn.Parameter(torch.randn(max_positions, dims.d_model) * init_std)
 
-    def _refusal(self, needed: int) -> str:
-        methods = table_methods()
+    def _refusal(self, needed: int, scaling) -> str:
+        # The method in use knows which installed methods extend a table; a scheme imports none.
+        methods = scaling.table_extenders() if scaling is not None else []
         helpers = (f"an extrapolation method that extends the table (scaling={'|'.join(methods)})" if methods else
                    "an extrapolation method that extends the table (position interpolation or hierarchical "
                    "decomposition; none is installed in rope_lm/scaling yet)")
@@ -63,8 +57,8 @@ class LearnedAbsolute(PositionalScheme):
         )
 
     def validate(self, seq_len, scaling):
-        if seq_len > self.max_positions and not getattr(scaling, "extends_position_table", False):
-            raise ConfigError(self._refusal(seq_len))
+        if seq_len > self.max_positions and not scaling.extends_position_table:
+            raise ConfigError(self._refusal(seq_len, scaling))
 
     def embed(self, x, pos, ctx):
         if pos.numel() == 0:
@@ -73,9 +67,7 @@ class LearnedAbsolute(PositionalScheme):
             raise ConfigError(f"Positional scheme 'learned' got negative positions (min {float(pos.min())}).")
         needed = int(math.floor(float(pos.max()))) + 1
         table = self.weight
-        extend = getattr(ctx.scaling, "absolute_table", None)
-        if extend is not None:
-            table = extend(table, needed, ctx)
+        table = ctx.scaling.absolute_table(table, needed, ctx)
         if needed > table.shape[0]:
-            raise ConfigError(self._refusal(needed))
+            raise ConfigError(self._refusal(needed, ctx.scaling))
         return x + lookup(table, pos).to(x.dtype)

@@ -9,7 +9,7 @@ import torch
 
 from rope_lm.errors import ConfigError
 from rope_lm.positional import SCHEMES
-from rope_lm.positional.base import PositionalScheme
+from rope_lm.positional.base import PositionalScheme, RotarySpec
 
 PAIRINGS = ("half", "interleaved")
 
@@ -35,10 +35,6 @@ def rotate(x: torch.Tensor, pos: torch.Tensor, inv_freq: torch.Tensor, pairing: 
     return torch.cat((out, x_pass), dim=-1) if x_pass.shape[-1] else out
 
 
-def default_inv_freq(rot_dim: int, base: float) -> torch.Tensor:
-    return (1.0 / base ** (torch.arange(0, rot_dim, 2, dtype=torch.float64) / rot_dim)).float()
-
-
 @SCHEMES.register("rope")
 class RoPE(PositionalScheme):
     family = "rotary"
@@ -61,6 +57,7 @@ class RoPE(PositionalScheme):
         self.base = float(base)
         self.rot_dim = rot_dim
         self.pairing = pairing
+        self.rotary = RotarySpec(rot_dim, self.base, pairing)
 
     def frequencies(self, ctx):
         key = ("rope_freq", self.rot_dim, self.base)

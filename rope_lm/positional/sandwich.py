@@ -14,7 +14,8 @@ import torch
 
 from rope_lm.errors import ConfigError
 from rope_lm.positional import SCHEMES
-from rope_lm.positional._common import PairwiseBias, check_positive, distinct_distances, integer_valued, inverse_frequencies
+from rope_lm.frequencies import inverse_frequencies
+from rope_lm.positional._common import PairwiseBias, check_positive, distinct_distances, integer_valued
 
 
 @SCHEMES.register("sandwich")
@@ -26,7 +27,7 @@ class Sandwich(PairwiseBias):
             raise ConfigError(f"pos.dim={dim!r} must be an even integer >= 2 (sinusoid size of 'sandwich').")
         check_positive("base", base, "sandwich")
         self.dim, self.base = dim, float(base)
-        self.register_buffer("inv_freq", inverse_frequencies(dim, self.base), persistent=False)
+        self.register_buffer("inv_freq", inverse_frequencies(dim, self.base).float(), persistent=False)
         H = dims.n_head
         ratio = torch.arange(1, H + 1, dtype=torch.float32) * 8.0 / H if per_head_compression else torch.ones(H)
         self.register_buffer("ratio", ratio, persistent=False)

@@ -25,6 +25,7 @@ import torch
 
 from rope_lm.attention import AttnPlan
 from rope_lm.errors import ConfigError
+from rope_lm.frequencies import default_inv_freq
 
 
 class ScalingMethod:
@@ -58,6 +59,14 @@ class ScalingMethod:
             )
 
     @classmethod
+    def table_extenders(cls) -> list[str]:
+        """Names of the installed methods that let a position table serve
+        positions past its rows (for a scheme's refusal message)."""
+        from rope_lm.scaling import METHODS
+
+        return [n for n in METHODS.names() if METHODS.get(n).extends_position_table]
+
+    @classmethod
     def applies(cls, scheme) -> bool:
         return cls.applies_to is None or scheme.family in cls.applies_to
 
@@ -70,8 +79,6 @@ class ScalingMethod:
     def rope_frequencies(self, rot_dim: int, base: float, ctx) -> tuple[torch.Tensor, float]:
         """(inverse frequencies, attention factor) for the current forward; the
         factor multiplies cos and sin (rope.rotate), so logits scale by its square."""
-        from rope_lm.positional.rope import default_inv_freq
-
         return default_inv_freq(rot_dim, base), 1.0
 
     def validate(self, seq_len: int, scheme, train_len: int) -> None:

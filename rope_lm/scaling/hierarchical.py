@@ -50,19 +50,15 @@ class Hierarchical(ScalingMethod):
 
     @classmethod
     def applies(cls, scheme) -> bool:
-        # Only a trained table can be decomposed; a scheme says it has one with
-        # `learned_table = True`, or by being the `learned` scheme.
-        learned = getattr(scheme, "learned_table", None)
-        if learned is None:
-            learned = scheme.name.startswith("learned")
-        return super().applies(scheme) and bool(learned)
+        # Only a trained table can be decomposed: a scheme declares one with table_rows.
+        return super().applies(scheme) and scheme.table_rows is not None
 
     @classmethod
     def acts_on(cls) -> str:
         return "absolute schemes with a learned position table (e.g. learned)"
 
     def validate(self, seq_len, scheme, train_len):
-        n = min(getattr(scheme, "max_positions", train_len), train_len)
+        n = min(scheme.table_rows or train_len, train_len)
         if seq_len > n * n:
             hierarchical_table(torch.zeros(n, 1), seq_len, self.alpha)  # raises the one refusal message
 

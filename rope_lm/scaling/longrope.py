@@ -18,7 +18,8 @@ import json
 import os
 
 from rope_lm.errors import ConfigError
-from rope_lm.scaling import METHODS, frequencies as F
+from rope_lm import frequencies as F
+from rope_lm.scaling import METHODS
 from rope_lm.scaling.rope_frequency import FrequencyMethod
 
 

@@ -1,6 +1,6 @@
 """RoPE frequency methods: pi, ntk, dynamic_ntk, ntk_by_parts, yarn, llama3.
 
-The formulas are the pure functions of rope_lm/scaling/frequencies.py; the
+The formulas are the pure functions of rope_lm/frequencies.py; the
 classes here choose the target length for each forward:
 
 * ``factor: auto`` (the default): s = max(1, T / L) for the current sequence
@@ -21,7 +21,8 @@ import math
 import torch
 
 from rope_lm.errors import ConfigError
-from rope_lm.scaling import METHODS, frequencies as F
+from rope_lm import frequencies as F
+from rope_lm.scaling import METHODS
 from rope_lm.scaling.base import ScalingMethod
 
 ROTARY = frozenset({"rotary"})
@@ -78,23 +79,23 @@ class FrequencyMethod(ScalingMethod):
 
     def check(self, scheme):
         super().check(scheme)
-        rot_dim = getattr(scheme, "rot_dim", None)
-        if rot_dim is not None:  # surface e.g. NTK's d > 2 requirement before any work
+        spec = scheme.rotary
+        if spec is not None:  # surface e.g. NTK's d > 2 requirement before any work
             from rope_lm.positional.base import PosContext
 
             probe = PosContext(seq_len=4, train_len=2, scaling=self)
-            self.rope_frequencies(rot_dim, float(getattr(scheme, "base", 10000.0)), probe)
+            self.rope_frequencies(spec.rot_dim, spec.base, probe)
 
     def describe(self, scheme, ctx):
         out = super().describe(scheme, ctx)
         out["factor"] = self.factor
         out["scale"] = self.scale(ctx)
-        rot_dim, base = getattr(scheme, "rot_dim", None), getattr(scheme, "base", None)
-        if rot_dim is not None and base is not None:
-            inv_freq, attention_factor = self.rope_frequencies(rot_dim, float(base), ctx)
+        spec = scheme.rotary
+        if spec is not None:
+            inv_freq, attention_factor = self.rope_frequencies(spec.rot_dim, spec.base, ctx)
             out["attention_factor"] = attention_factor
             out["logit_scale_from_attention_factor"] = attention_factor ** 2
-            out.update(summarize(inv_freq, F.plain_inv_freq(rot_dim, float(base))))
+            out.update(summarize(inv_freq, F.plain_inv_freq(spec.rot_dim, spec.base)))
         return out
 
 
@@ -171,11 +172,11 @@ class RampMethod(FrequencyMethod):
 
     def describe(self, scheme, ctx):
         out = super().describe(scheme, ctx)
-        rot_dim, base = getattr(scheme, "rot_dim", None), getattr(scheme, "base", None)
-        if rot_dim is not None and base is not None:
-            lo = F.correction_dim(rot_dim, float(base), ctx.train_len, self.beta_fast)
-            hi = F.correction_dim(rot_dim, float(base), ctx.train_len, self.beta_slow)
-            out["ramp_pairs"] = [max(math.floor(lo), 0), min(math.ceil(hi), rot_dim - 1)]
+        spec = scheme.rotary
+        if spec is not None:
+            lo = F.correction_dim(spec.rot_dim, spec.base, ctx.train_len, self.beta_fast)
+            hi = F.correction_dim(spec.rot_dim, spec.base, ctx.train_len, self.beta_slow)
+            out["ramp_pairs"] = [max(math.floor(lo), 0), min(math.ceil(hi), spec.rot_dim - 1)]
         return out
 
 

@@ -1,4 +1,8 @@
-"""RoPE frequency scaling as pure functions.
+"""Positional frequencies and RoPE frequency scaling, as pure functions.
+
+A leaf module: it imports no scheme and no method, and both read it
+(positional/rope.py, sinusoidal and Sandwich for the frequencies,
+scaling/rope_frequency.py and longrope.py for the scaled ones).
 
 Each function maps (rot_dim, base, train_len, target_len, knobs) to
 (inv_freq, attention_factor): float32 inverse frequencies of shape
@@ -22,11 +26,22 @@ import torch
 from rope_lm.errors import ConfigError
 
 
+def inverse_frequencies(dim: int, base: float, device=None) -> torch.Tensor:
+    """theta_i = base^(-2i/dim) for i = 0 .. ceil(dim/2)-1 in float64: RoPE's
+    rotation speeds (Su et al.) and the sinusoidal encoding's frequencies
+    (Vaswani et al.). The one copy of the formula; every scheme, method and
+    diagnostic reads it from here."""
+    return base ** (-torch.arange(0, dim, 2, dtype=torch.float64, device=device) / dim)
+
+
+def default_inv_freq(rot_dim: int, base: float) -> torch.Tensor:
+    """RoPE's unscaled inverse frequencies, float32 as the model uses them."""
+    return inverse_frequencies(rot_dim, base).float()
+
+
 def plain_inv_freq(rot_dim: int, base: float) -> torch.Tensor:
     """theta_i = base^(-2i/d), i = 0 .. d/2 - 1, in float64 but taken from the
     scheme's own float32 values, so that s = 1 reproduces plain RoPE bit for bit."""
-    from rope_lm.positional.rope import default_inv_freq
-
     return default_inv_freq(rot_dim, base).double()
 
 
