@@ -135,6 +135,11 @@ class TransformerLM(nn.Module):
 
     def forward(self, idx: torch.Tensor, pos: torch.Tensor | None = None) -> torch.Tensor:
         """idx (B, T) token ids -> logits (B, T, vocab)."""
+        return self.lm_head(self.hidden(idx, pos))
+
+    def hidden(self, idx: torch.Tensor, pos: torch.Tensor | None = None) -> torch.Tensor:
+        """idx (B, T) -> final normed hidden states (B, T, d_model), what
+        lm_head projects: for losses computed a chunk at a time (rope_lm.head)."""
         if not torch.compiler.is_compiling():
             # Training reuses freed logits-sized blocks instead of page-faulting
             # them in again every step; evaluation does not (keep_freed_memory).
@@ -148,7 +153,7 @@ class TransformerLM(nn.Module):
         x = self.drop(self.pos_scheme.embed(self.wte(idx), pos, ctx))
         for block in self.blocks:
             x = block(x, self.pos_scheme, pos, plan, ctx)
-        return self.lm_head(self.norm(x))
+        return self.norm(x)
 
 
 def build_model(model: dict, pos: dict, scaling: dict | None, vocab_size: int, train_len: int,
