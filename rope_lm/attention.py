@@ -1,9 +1,11 @@
 """Causal attention under a positional scheme, on the cheapest kernel it allows.
 
 * ``sdpa``: torch's scaled_dot_product_attention. Plain causal when the scheme
-  adds nothing to the logits; with a scheme bias (or a window) it gets a float
-  mask one block of queries at a time, so memory grows linearly in the
-  sequence length.
+  adds nothing to the logits. At inference, a bias that depends only on the
+  distance i - j is read out of one padded row per head, as a strided view
+  (rope_lm/distance_bias.py). Otherwise (training, FIRE past its L, T5 on
+  fractional positions) the bias (or a window) becomes a float mask one block
+  of queries at a time; memory grows linearly in the sequence length either way.
 * ``flex``: FlexAttention with the scheme's score_mod and a causal (windowed)
   block mask; compiled, so no T x T tensor exists. torch refuses flex
   backward on CPU, so there it serves inference only and training falls back

@@ -259,6 +259,26 @@ def detect_peak_tflops(device: str) -> float | None:
     return None
 
 
+def matmul_peak_tflops(threads: int, n: int = 2048, repeats: int = 5) -> float:
+    """Best fp32 TFLOP/s of an n x n x n matmul on this CPU with `threads`
+    threads: the measured ceiling CPU MFU is taken against (not a datasheet)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        a, b = torch.randn(n, n), torch.randn(n, n)
+        a @ b
+        best = min(_timed(lambda: a @ b) for _ in range(repeats))
+    finally:
+        torch.set_num_threads(before)
+    return 2 * n ** 3 / best / 1e12
+
+
+def _timed(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
 def _autocast(device: str):
     return torch.autocast("cuda", dtype=torch.bfloat16) if device == "cuda" else nullcontext()
 
@@ -873,6 +893,9 @@ def run(s: BenchSettings, out: str | None = None, log=None) -> dict:
         s.deterministic = (s.device != "cuda") if det == "auto" else bool(det)
     if s.peak_tflops is None:
         s.peak_tflops = detect_peak_tflops(s.device)
+    if s.peak_tflops is None and s.device == "cpu":
+        s.peak_tflops = matmul_peak_tflops(s.threads)
+        log(f"measured CPU peak: {1000 * s.peak_tflops:.0f} GFLOP/s (fp32 2048^3 matmul, {s.threads} threads)")
     load_before = load_average()
     if load_before and load_before[0] > 0.5 * usable_cpus():
         log(f"note: load average {load_before} on {usable_cpus()} CPUs: other work is running and timings are noisy")
