@@ -1,9 +1,11 @@
 """Causal attention under a positional scheme, on the cheapest kernel it allows.
 
 * ``sdpa``: torch's scaled_dot_product_attention. Plain causal when the scheme
-  adds nothing to the logits; with a scheme bias (or a window) it gets a float
-  mask one block of queries at a time, so memory grows linearly in the
-  sequence length.
+  adds nothing to the logits. At inference, a bias that depends only on the
+  distance i - j is read out of one padded row per head, as a strided view
+  (rope_lm/distance_bias.py). Otherwise (training, FIRE past its L, T5 on
+  fractional positions) the bias (or a window) becomes a float mask one block
+  of queries at a time; memory grows linearly in the sequence length either way.
 * ``flex``: FlexAttention with the scheme's score_mod and a causal (windowed)
   block mask; compiled, so no T x T tensor exists. torch refuses flex
   backward on CPU, so there it serves inference only and training falls back
@@ -25,6 +27,8 @@ import math
 
 import torch
 import torch.nn.functional as F
+
+from rope_lm import distance_bias
 
 log = logging.getLogger("rope_lm.attention")
 
@@ -117,6 +121,10 @@ def sdpa_path(q, k, v, scheme, layer, pos, plan, ctx):
     B, H, T, D = q.shape
     if not scheme.has_bias and not plan.window:
         return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    if scheme.has_bias and _distance_path_allowed(q, k, v):
+        table = distance_bias.padded_table(scheme, layer, pos, plan, ctx, q.dtype)
+        if table is not None:
+            return distance_bias.toeplitz_attention(q, k, v, table, plan)
     out = []
     for s, e in _query_blocks(B, H, T):
         # Keys after the last query of the block are all masked: drop them.
@@ -129,6 +137,16 @@ def sdpa_path(q, k, v, scheme, layer, pos, plan, ctx):
             mask = (mask + scheme.bias(layer, pos[s:e], pos[:e], ctx).to(q.dtype)).expand(B, H, e - s, e)
         out.append(F.scaled_dot_product_attention(q[:, :, s:e], k[:, :, :e], v[:, :, :e], attn_mask=mask))
     return torch.cat(out, dim=2)
+
+
+def _distance_path_allowed(q, k, v) -> bool:
+    """The one-row distance bias serves inference in eager mode. Training
+    (short sequences, where the per-block bias costs little) keeps the
+    per-block path: its gradients reach the scheme's parameters through a
+    plain (H, Tq, Tk) bias, and it has no data-dependent checks to break a
+    compiled graph."""
+    needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    return not needs_grad and not torch.compiler.is_compiling()
 
 
 def _prepare(q, k, scheme, layer, pos, plan, ctx):

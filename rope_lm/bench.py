@@ -7,7 +7,7 @@ size and positional scheme, on the same machine, dimensions and batches:
   match (see ``hf_config``), driven by a plain PyTorch loop, in a process set
   up as a user's would be;
 * ``hf+keepmem`` (CPU): the same with rope-lm's allocator setting
-  (rope_lm.compile.keep_freed_memory), which separates what the model does
+  (rope_lm.allocator.keep_freed_memory), which separates what the model does
   from what the process setting does;
 * ``plain``: our model, the same plain loop (bounds framework overhead);
 * ``lightning``: our model through ``LitLM`` and ``lightning.Trainer`` built
@@ -259,6 +259,26 @@ def detect_peak_tflops(device: str) -> float | None:
     return None
 
 
+def matmul_peak_tflops(threads: int, n: int = 2048, repeats: int = 5) -> float:
+    """Best fp32 TFLOP/s of an n x n x n matmul on this CPU with `threads`
+    threads: the measured ceiling CPU MFU is taken against (not a datasheet)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        a, b = torch.randn(n, n), torch.randn(n, n)
+        a @ b
+        best = min(_timed(lambda: a @ b) for _ in range(repeats))
+    finally:
+        torch.set_num_threads(before)
+    return 2 * n ** 3 / best / 1e12
+
+
+def _timed(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
 def _autocast(device: str):
     return torch.autocast("cuda", dtype=torch.bfloat16) if device == "cuda" else nullcontext()
 
@@ -406,7 +426,7 @@ def _setup_process(spec: dict):
     for name in spec.get("imports", []):
         __import__(name)
     if spec["peer"].startswith("hf") and spec["peer"].endswith("+keepmem"):
-        from rope_lm.compile import keep_freed_memory
+        from rope_lm.allocator import keep_freed_memory
 
         keep_freed_memory()
 
@@ -873,6 +893,9 @@ def run(s: BenchSettings, out: str | None = None, log=None) -> dict:
         s.deterministic = (s.device != "cuda") if det == "auto" else bool(det)
     if s.peak_tflops is None:
         s.peak_tflops = detect_peak_tflops(s.device)
+    if s.peak_tflops is None and s.device == "cpu":
+        s.peak_tflops = matmul_peak_tflops(s.threads)
+        log(f"measured CPU peak: {1000 * s.peak_tflops:.0f} GFLOP/s (fp32 2048^3 matmul, {s.threads} threads)")
     load_before = load_average()
     if load_before and load_before[0] > 0.5 * usable_cpus():
         log(f"note: load average {load_before} on {usable_cpus()} CPUs: other work is running and timings are noisy")
@@ -920,7 +943,7 @@ def _results(s: BenchSettings, rows, ratios, targets, load_before, started) -> d
             "eval: one window per forward, loss included (rope_lm.evaluation.token_losses); +MB is the memory the "
             "measured pass added over the process after warm-up.",
             "every peer runs in its own process; hf runs with default malloc as a user's process would, hf+keepmem "
-            "with rope-lm's allocator setting (rope_lm.compile.keep_freed_memory), which rope-lm processes get "
+            "with rope-lm's allocator setting (rope_lm.allocator.keep_freed_memory), which rope-lm processes get "
             "when they build a model.",
             "tok/CPU-s: tokens per CPU-second of the peer's process, a check on wall-clock ratios taken under "
             "other load.",

@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from rope_lm.errors import ConfigError
+from rope_lm.head import token_cross_entropy
 
 
 @dataclass
@@ -78,9 +79,14 @@ def token_losses(model, windows: torch.Tensor, targets: torch.Tensor, batch_toke
     for s in range(0, n, per_batch):
         x = windows[s : s + per_batch].to(device)
         y = targets[s : s + per_batch].to(device)
-        with _autocast(device):
-            logits = model(x)
-        loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), reduction="none")
+        if hasattr(model, "hidden") and hasattr(model, "lm_head"):
+            # Our model: logits a chunk of tokens at a time (rope_lm.head).
+            with _autocast(device):
+                loss = token_cross_entropy(model.hidden(x), model.lm_head.weight, y)
+        else:
+            with _autocast(device):
+                logits = model(x)
+            loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), reduction="none")
         out.append(loss.view(x.shape).cpu())
     return torch.cat(out)
 

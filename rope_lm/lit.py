@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from rope_lm.errors import ConfigError, TrainingDiverged
+from rope_lm.head import mean_cross_entropy
 from rope_lm.model import build_model
 
 
@@ -68,6 +69,9 @@ class LitLM(L.LightningModule):
 
     def _loss(self, batch):
         x, y = batch
+        if self._forward is self.model:
+            # Chunked past CHUNK_TOKENS; the plain computation up to it.
+            return mean_cross_entropy(self.model.hidden(x), self.model.lm_head.weight, y)
         logits = self._forward(x)
         return F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
 

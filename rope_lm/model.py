@@ -149,6 +149,11 @@ class TransformerLM(nn.Module):
 
     def forward(self, idx: torch.Tensor, pos: torch.Tensor | None = None) -> torch.Tensor:
         """idx (B, T) token ids -> logits (B, T, vocab)."""
+        return self.lm_head(self.hidden(idx, pos))
+
+    def hidden(self, idx: torch.Tensor, pos: torch.Tensor | None = None) -> torch.Tensor:
+        """idx (B, T) -> final normed hidden states (B, T, d_model), what
+        lm_head projects: for losses computed a chunk at a time (rope_lm.head)."""
         T = idx.shape[1]
         ctx = self.context(T)
         if pos is None:
@@ -158,7 +163,7 @@ class TransformerLM(nn.Module):
         x = self.drop(self.pos_scheme.embed(self.wte(idx), pos, ctx))
         for block in self.blocks:
             x = block(x, self.pos_scheme, pos, plan, ctx)
-        return self.lm_head(self.norm(x))
+        return self.norm(x)
 
 
 def build_model(model: dict, pos: dict, scaling: dict | None, vocab_size: int, train_len: int,

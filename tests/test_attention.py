@@ -245,3 +245,84 @@ def test_a_failed_flex_compile_falls_back_to_sdpa(monkeypatch):
         assert choose_kernel("flex", scheme, plan, torch.device("cpu")) == "sdpa"  # remembered for this scheme
         assert choose_kernel("flex", make_scheme("alibi"), plan, torch.device("cpu")) == "flex"  # not for others
         assert choose_kernel("flex", make_scheme("t5"), plan, torch.device("cpu")) == "flex"  # nor another t5 model
+
+
+def _distance_tables(c):
+    return [v for key, v in c.cache.items() if key[0] == "distance_bias" and v is not None]
+
+
+# Whether each bias scheme reads its bias from one row per head (the distance
+# path) at the test's positions: T5 floors distances, so rescaled (fractional)
+# positions keep it on the per-block path; FIRE only while every query is
+# within its L (a long L below).
+DISTANCE_PATH = {"alibi": ("plain", "window+q_scale", "rescaled"), "t5": ("plain", "window+q_scale"),
+                 "kerple": ("plain", "window+q_scale", "rescaled"), "sandwich": ("plain", "window+q_scale", "rescaled"),
+                 "fire": ("plain", "window+q_scale", "rescaled")}
+
+
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("name", [n for n in SCHEMES.names() if SCHEMES.get(n).has_bias])
+def test_distance_bias_path_matches_explicit(name, case, monkeypatch):
+    """Inference on sdpa reads every block's bias out of one padded row per
+    head (rope_lm/distance_bias.py), with reversed keys; several query
+    blocks, a window and a per-query scale included."""
+    monkeypatch.setattr(attention.distance_bias, "QUERY_BLOCK", 4)
+    monkeypatch.setitem(OVERRIDES, "fire", {"mlp_width": 4, "init_L": 64.0})
+    plan, kind = CASES[case]
+    scheme, pos = make_scheme(name), positions(kind)
+    torch.manual_seed(3)
+    q, k, v = (torch.randn(B, DIMS.n_head, T, DIMS.head_dim) for _ in range(3))
+    with torch.no_grad():
+        want = explicit_attention(q, k, v, scheme, LAYER, pos, plan, ctx())
+        c = ctx()
+        got = attend(q, k, v, scheme, LAYER, pos, plan, c, "sdpa")
+    torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-4)
+    assert bool(_distance_tables(c)) == (case in DISTANCE_PATH.get(name, ())), name
+
+
+@pytest.mark.parametrize("name", ["alibi", "t5", "kerple", "sandwich", "fire"])
+def test_distance_bias_path_at_long_positions(name):
+    """Thousands of positions: ALiBi's penalties reach hundreds of nats and
+    T5 / Kerple / Sandwich / FIRE read far into their tables; the one-row
+    view must still give the explicit result at float32 tolerance, and the
+    row must stay linear in the length (no T x T tensor)."""
+    n, long_dims = 3000, Dims(d_model=32, n_head=4, head_dim=8, n_layer=2, train_len=512)
+    with open(f"{ROOT}/conf/pos/{name}.yaml") as f:
+        options = {**yaml.safe_load(f), **{"fire": {"mlp_width": 8, "init_L": 4096.0}}.get(name, {})}
+    torch.manual_seed(0)
+    scheme = build_scheme(options, long_dims)
+    pos = torch.arange(n)
+    torch.manual_seed(4)
+    q, k, v = (torch.randn(1, 4, n, 8) * 2 for _ in range(3))
+    plans = [AttnPlan(), AttnPlan(window=700, q_scale=torch.linspace(1.0, 1.4, n))]
+    for plan in plans:
+        c = PosContext(seq_len=n, train_len=512, scaling=build_scaling(None))
+        with torch.no_grad():
+            want = explicit_attention(q, k, v, scheme, LAYER, pos, plan, c)
+            c = PosContext(seq_len=n, train_len=512, scaling=build_scaling(None))
+            got = attend(q, k, v, scheme, LAYER, pos, plan, c, "sdpa")
+        torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-4)
+        (table,) = _distance_tables(c)
+        assert table.shape == (4, 2 * n - 1)
+
+
+def test_distance_bias_is_built_once_per_forward_and_shared_where_parameters_are():
+    """One table per forward for schemes shared across layers (ALiBi, T5,
+    Sandwich), one per layer where every layer has its own (Kerple)."""
+    from rope_lm.model import ModelConfig, TransformerLM
+
+    for name, per_layer in (("alibi", False), ("t5", False), ("sandwich", False), ("kerple", True)):
+        cfg = ModelConfig(vocab_size=50, train_len=8, n_layer=3, n_head=2, d_model=16, attention="sdpa")
+        model = TransformerLM(cfg, {"name": name}).eval()
+        calls = []
+        original = type(model.pos_scheme).distance_bias
+
+        def counting(self, layer, pos, ctx, original=original):
+            calls.append(layer)
+            return original(self, layer, pos, ctx)
+
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(type(model.pos_scheme), "distance_bias", counting)
+            with torch.no_grad():
+                model(torch.randint(0, 50, (1, 20)))
+        assert calls == ([0, 1, 2] if per_layer else [0]), name

@@ -71,6 +71,8 @@ class PairwiseBias(PositionalScheme):
 
     family = "bias"
     has_bias = True
+    # The formula reads q_pos and k_pos only through q_pos - k_pos.
+    distance_only = True
 
     def coefficients(self, layer: int, ctx) -> tuple:
         raise NotImplementedError
@@ -85,6 +87,13 @@ class PairwiseBias(PositionalScheme):
         qp = q_pos.to(torch.float32)[None, :, None]
         kp = k_pos.to(torch.float32)[None, None, :]
         return self.formula(coefs, h, qp, kp).expand(self.dims.n_head, q_pos.numel(), k_pos.numel())
+
+    def distance_bias(self, layer, pos, ctx):
+        if not self.distance_only:
+            return None
+        h = torch.arange(self.dims.n_head, device=pos.device)[:, None]
+        p = pos.to(torch.float32)
+        return self.formula(self.coefficients(layer, ctx), h, p[None, :], p[None, :1]).expand(self.dims.n_head, p.numel())
 
     def score_mod(self, layer, pos, ctx):
         # Contiguous: compiled flex on CPU cannot lower reads of stride-0

@@ -27,6 +27,8 @@ def alibi_slopes(n_head: int) -> list[float]:
 
 @SCHEMES.register("alibi")
 class ALiBi(PairwiseBias):
+    distance_bias_shared = True
+
     def __init__(self, dims):
         super().__init__(dims)
         self.register_buffer("slopes", torch.tensor(alibi_slopes(dims.n_head), dtype=torch.float32), persistent=False)

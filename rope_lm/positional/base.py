@@ -61,6 +61,8 @@ class PositionalScheme(nn.Module):
     table_rows: int | None = None  # set by schemes whose positions index a trained table of this many rows
     has_bias: bool = False  # implements bias() (and, for flex attention, score_mod())
     has_content_terms: bool = False  # implements content_scores() and/or value_term()
+    # distance_bias() returns the same table for every layer (cached once per forward).
+    distance_bias_shared: bool = False
 
     def __init__(self, dims: Dims):
         super().__init__()
@@ -78,6 +80,13 @@ class PositionalScheme(nn.Module):
     def bias(self, layer: int, q_pos, k_pos, ctx: PosContext) -> torch.Tensor:
         """Additive logit bias, shape (H, Tq, Tk)."""
         raise NotImplementedError
+
+    def distance_bias(self, layer: int, pos, ctx: PosContext) -> torch.Tensor | None:
+        """(H, T) bias at the distances pos[d] - pos[0], d = 0..T-1, where the
+        bias is a function of p_i - p_j alone for these positions (given that
+        they form an arithmetic progression); None otherwise. Lets attention
+        read every block's bias out of one row (rope_lm/distance_bias.py)."""
+        return None
 
     def score_mod(self, layer: int, pos, ctx: PosContext) -> Callable | None:
         """FlexAttention score_mod(score, b, h, q_idx, kv_idx) adding the same

@@ -40,6 +40,8 @@ class FireLayer(nn.Module):
 
 @SCHEMES.register("fire")
 class Fire(PairwiseBias):
+    distance_only = False  # the normaliser reads the query's own position
+
     def __init__(self, dims, mlp_width: int = 32, init_c: float = 0.1, init_L: float = 512.0):
         super().__init__(dims)
         if not isinstance(mlp_width, int) or mlp_width < 1:
@@ -71,6 +73,17 @@ class Fire(PairwiseBias):
         for u in range(w1.shape[-1]):
             out = out + w2[h, u] * torch.relu(x * w1[h, u] + b1[h, u])
         return out
+
+    def distance_bias(self, layer, pos, ctx):
+        f = self.layers[layer]
+        c, L = f.c.abs(), (f.L_multiplier * f.init_L).abs()
+        p = pos.to(torch.float32)
+        # Only while every query is within L is the normaliser psi(L) for all
+        # rows, and the bias a function of the distance alone.
+        if bool(p.max() > L):
+            return None
+        x = self.normalised(p - p[0], L, c, L)
+        return (torch.relu(x[:, None] * f.w1 + f.b1) @ f.w2.t() + f.b2).t()
 
     def bias(self, layer, q_pos, k_pos, ctx):
         f = self.layers[layer]

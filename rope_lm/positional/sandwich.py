@@ -20,6 +20,8 @@ from rope_lm.positional._common import PairwiseBias, check_positive, distinct_di
 
 @SCHEMES.register("sandwich")
 class Sandwich(PairwiseBias):
+    distance_bias_shared = True  # parameter-free
+
     def __init__(self, dims, dim: int | None = None, base: float = 10000.0, per_head_compression: bool = True):
         super().__init__(dims)
         dim = dims.d_model if dim is None else dim
@@ -40,6 +42,10 @@ class Sandwich(PairwiseBias):
     def bias(self, layer, q_pos, k_pos, ctx):
         values, index = distinct_distances(q_pos, k_pos)
         return self.of_distance(values)[:, index]
+
+    def distance_bias(self, layer, pos, ctx):
+        p = pos.to(torch.float32)
+        return self.of_distance(p - p[0])
 
     def coefficients(self, layer, ctx):
         return self.inv_freq, self.ratio, self.dim

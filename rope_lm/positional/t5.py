@@ -16,7 +16,7 @@ from torch import nn
 
 from rope_lm.errors import ConfigError
 from rope_lm.positional import SCHEMES
-from rope_lm.positional._common import PairwiseBias
+from rope_lm.positional._common import PairwiseBias, integer_valued
 
 
 def causal_bucket(n: int, num_buckets: int, max_distance: int) -> int:
@@ -32,6 +32,8 @@ def causal_bucket(n: int, num_buckets: int, max_distance: int) -> int:
 
 @SCHEMES.register("t5")
 class T5Bias(PairwiseBias):
+    distance_bias_shared = True  # one table for all layers
+
     def __init__(self, dims, num_buckets: int = 32, max_distance: int = 128):
         super().__init__(dims)
         if not isinstance(num_buckets, int) or num_buckets < 2:
@@ -47,6 +49,11 @@ class T5Bias(PairwiseBias):
 
     def coefficients(self, layer, ctx):
         return (self.table[self.bucket_of_distance].t(),)  # (H, max_distance + 1)
+
+    def distance_bias(self, layer, pos, ctx):
+        # Buckets floor the distance: pos[d] - pos[0] equals p_i - p_j exactly
+        # only for integer positions.
+        return super().distance_bias(layer, pos, ctx) if integer_valued(pos) else None
 
     @staticmethod
     def formula(coefs, h, q_pos, k_pos):
