@@ -112,7 +112,7 @@ def evaluate_and_report(model, cache, eval_cfg: EvalConfig, methods: list[dict |
     try:
         for i, options in enumerate(methods):
             model.set_scaling(options)
-            label = method_label(options)
+            label = model.scaling.label
             results["methods"][label] = {"options": options,
                                          **model.scaling.describe(model.pos_scheme, model.context(max(lengths)))}
 
