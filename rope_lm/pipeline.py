@@ -17,7 +17,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from rope_lm.checkpointing import AtomicCheckpointIO, GracefulStop, check_resumable
 from rope_lm.data import DataConfig, LMDataModule, prepare
 from rope_lm.errors import ConfigError
-from rope_lm.evaluation import EvalConfig, evaluate_lengths, scored_tokens
+from rope_lm.evaluation import EvalConfig, eval_summary, evaluate_lengths, scored_tokens
 from rope_lm.lit import LitLM, TokensPerSecond
 from rope_lm.model import build_model
 from rope_lm.report import log_to_wandb, new_results, write_views
@@ -120,9 +120,8 @@ def evaluate_and_report(model, cache, eval_cfg: EvalConfig, methods: list[dict |
     original = model.scaling
     stream = cache.tokens(eval_cfg.split)
     lengths = eval_cfg.resolve_lengths(results["train_len"])
-    results["eval"] = {"split": eval_cfg.split, "lengths": lengths,
-                       "scored_tokens": scored_tokens(len(stream), lengths, eval_cfg.token_budget, eval_cfg.split),
-                       "split_tokens": int(len(stream)), "token_budget": eval_cfg.token_budget}
+    doc_starts = cache.doc_starts(eval_cfg.split)
+    results["eval"] = eval_summary(eval_cfg, len(stream), doc_starts, results["train_len"])
     # "complete" only once every method and length is in: a crash part-way leaves "evaluating".
     done, results["status"] = results.get("status", "complete"), "evaluating"
     try:
@@ -139,7 +138,7 @@ def evaluate_and_report(model, cache, eval_cfg: EvalConfig, methods: list[dict |
                 extra = f", beyond L_train {row['ppl_beyond']:.3f}" if row["ppl_beyond"] else ""
                 log.info("ppl@%d [%s] = %.3f%s", row["length"], label, row["ppl"], extra)
 
-            evaluate_lengths(model, stream, eval_cfg, results["train_len"], on_result)
+            evaluate_lengths(model, stream, eval_cfg, results["train_len"], on_result, doc_starts=doc_starts)
             results["status"] = done if i == len(methods) - 1 else "evaluating"
             write_views(results, out_dir)
     finally:
