@@ -383,7 +383,10 @@ def markdown(groups: list[Group], skipped: list[str], title: str) -> str:
             return "\n".join([head, sep] + [f"| {s.label} | " + " | ".join(_fmt(value(s, L)) for L in lengths) + " |"
                                             for s in g.series])
 
-        tokens = sorted({row["tokens"] for s in g.series for row in s.rows.values()})
+        # Under the documents protocol each length scores its own number of tokens; only a
+        # difference between runs at the same length means they scored different amounts of text.
+        per_length = {L: {s.rows[L]["tokens"] for s in g.series if L in s.rows} for L in lengths}
+        tokens = sorted(set().union(*[v for v in per_length.values() if len(v) > 1]))
         prefix = f"## Group {n}: " if len(groups) > 1 else "## "
         out += [f"{prefix}{g.key.describe()}", ""]
         out += [f"{len(g.runs)} run(s): " + ", ".join(f"`{_short(r.dir)}`" for r in g.runs), ""]

@@ -356,8 +356,9 @@ def _documents(model, stream, L, docs: np.ndarray, plan: DocumentPlan, train_len
 def evaluate_lengths(model, stream: np.ndarray, cfg: EvalConfig, train_len: int, on_result=None,
                      doc_starts: np.ndarray | None = None) -> list[dict]:
     """ppl@L for every configured length under cfg.protocol; calls
-    on_result(row) as each completes. The training length is evaluated first,
-    so that every row carries its PPL relative to it when reported."""
+    on_result(row) for each length in ascending order, as soon as it and every
+    shorter length are done. The training length is evaluated first, so that
+    every row carries its PPL relative to it when reported."""
     summary = eval_summary(cfg, len(stream), doc_starts, train_len)
     lengths = [L for L in summary["lengths"] if L not in summary.get("skipped_lengths", [])]
     plan = None
@@ -371,7 +372,9 @@ def evaluate_lengths(model, stream: np.ndarray, cfg: EvalConfig, train_len: int,
     bar = _progress(cfg, lengths, n, plan)
     was_training = model.training
     model.eval()
-    rows, reference = [], None
+    rows, reference, done = [], None, {}
+    emit = iter(sorted(lengths))
+    next_up = next(emit, None)
     try:
         for L in order:
             bar.set_postfix_str(f"L={L}")
@@ -404,8 +407,11 @@ def evaluate_lengths(model, stream: np.ndarray, cfg: EvalConfig, train_len: int,
                 elif cfg.bootstrap:
                     row.update(ppl_rel_lo=1.0, ppl_rel_hi=1.0, ppl_rel_paired=True)
             rows.append(row)
-            if on_result:
-                on_result(row)
+            done[L] = row
+            while next_up in done:
+                if on_result:
+                    on_result(done[next_up])
+                next_up = next(emit, None)
     finally:
         bar.close()
         model.train(was_training)

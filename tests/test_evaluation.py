@@ -295,3 +295,14 @@ def test_bad_protocol_settings_are_one_paragraph_errors(options, words):
     with pytest.raises(ConfigError, match=words) as e:
         EvalConfig(**options).validate()
     assert "\n" not in str(e.value)
+
+
+def test_rows_are_reported_shortest_first_each_with_its_relative_ppl(model, stream):
+    cfg = EvalConfig(multipliers=[0.5, 1, 2], token_budget=160, batch_tokens=64, bootstrap=200)
+    reported = []
+    rows = evaluate_lengths(model, stream, cfg, train_len=8, on_result=reported.append)
+    assert [r["length"] for r in reported] == [r["length"] for r in rows] == [4, 8, 16]
+    short = reported[0]
+    assert short["ppl_rel"] == pytest.approx(short["ppl"] / reported[1]["ppl"])
+    assert short["ppl_rel_paired"]  # windows of 4 nest in windows of 8
+    assert short["ppl_rel_lo"] <= short["ppl_rel"] <= short["ppl_rel_hi"]
