@@ -10,6 +10,12 @@ Each (run, extrapolation method) pair is one *series*: one table row and one
 line. Its relative PPL is ppl@L divided by the same series' ppl at L_train
 (falling back to the run's direct-extrapolation series, then to any series of
 the run, where the series itself was not evaluated at L_train).
+
+Series whose runs differ only in `seed` are also aggregated: mean ± sd across
+seeds per length, the per-seed values kept (compare_seeds.csv and a markdown
+table). Rows are "within noise" of each other when their noise intervals
+overlap: a single run's 95% bootstrap interval, or an aggregate's seed spread
+mean ± 2 sd (docs/studies.md).
 """
 
 from dataclasses import dataclass, field
@@ -28,8 +34,13 @@ from rope_lm.sweep import job_dirs, sweep_jobs
 log = logging.getLogger("rope_lm")
 
 SKIP_DIRS = {"checkpoints", "wandb", "csv", "lightning_logs", ".hydra", "__pycache__"}
-CSV_COLUMNS = ["group", "label", "scheme", "method", "train_len", "length", "ratio", "ppl", "ppl_rel", "ppl_within",
-               "ppl_beyond", "loss", "tokens", "corpus", "split", "tokenizer", "run_dir"]
+CSV_COLUMNS = ["group", "label", "scheme", "method", "seed", "train_len", "length", "ratio", "ppl", "ppl_lo", "ppl_hi",
+               "ppl_rel", "ppl_rel_lo", "ppl_rel_hi", "ppl_within", "ppl_beyond", "loss", "tokens", "documents",
+               "protocol", "within_noise_of_best", "corpus", "split", "tokenizer", "run_dir"]
+SEED_COLUMNS = ["group", "label", "scheme", "method", "train_len", "length", "n_seeds", "seeds", "ppl_mean", "ppl_sd",
+                "ppl_min", "ppl_max", "noise_lo", "noise_hi", "per_seed", "within_noise_of_best", "run_dirs"]
+# Settings that name or log a run without changing what it computes.
+NOT_A_SETTING = {"seed", "run_name", "logger"}
 
 
 @dataclass(frozen=True)
@@ -38,12 +49,17 @@ class GroupKey:
     split: str
     tokenizer: str
     train_len: int
+    protocol: str = "stream"
 
     def describe(self) -> str:
-        return f"corpus {self.fingerprint} ({self.split} split), tokenizer {self.tokenizer}, trained at L={self.train_len}"
+        proto = "" if self.protocol == "stream" else f", protocol {self.protocol}"
+        return (f"corpus {self.fingerprint} ({self.split} split), tokenizer {self.tokenizer}, trained at "
+                f"L={self.train_len}{proto}")
 
     def slug(self) -> str:
-        return re.sub(r"[^A-Za-z0-9_.-]+", "-", f"L{self.train_len}_{self.tokenizer}_{self.fingerprint[:8]}_{self.split}")
+        proto = "" if self.protocol == "stream" else f"_{self.protocol}"
+        return re.sub(r"[^A-Za-z0-9_.-]+", "-",
+                      f"L{self.train_len}_{self.tokenizer}_{self.fingerprint[:8]}_{self.split}{proto}")
 
 
 @dataclass
@@ -55,10 +71,64 @@ class Series:
     rows: dict  # length -> result row
     label: str = ""
     reference_ppl: float | None = None  # ppl at L_train used for the relative column
+    reference_self: bool = False  # the reference is this series' own ppl at L_train
+    seed: int | None = None
+    setting: str = ""  # the run's config without NOT_A_SETTING, and the method: equal for seed replicas
 
     def ppl(self, length):
         row = self.rows.get(length)
         return None if row is None else row.get("ppl")
+
+    def noise(self, length) -> tuple[float, float] | None:
+        row = self.rows.get(length) or {}
+        if row.get("ppl_lo") is None or row.get("ppl_hi") is None:
+            return None
+        return row["ppl_lo"], row["ppl_hi"]
+
+
+@dataclass
+class SeedAggregate:
+    """Series that differ only in seed: per length, the per-seed PPLs."""
+
+    label: str
+    members: list  # Series, ordered by seed
+
+    @property
+    def scheme(self):
+        return self.members[0].scheme
+
+    @property
+    def method(self):
+        return self.members[0].method
+
+    def values(self, length) -> dict:
+        return {s.seed: s.ppl(length) for s in self.members if s.ppl(length) is not None}
+
+    def stats(self, length) -> dict | None:
+        """mean, sd (n - 1 in the denominator), min, max over seeds; None
+        unless at least two seeds reached this length."""
+        v = list(self.values(length).values())
+        if len(v) < 2:
+            return None
+        mean = sum(v) / len(v)
+        sd = math.sqrt(sum((x - mean) ** 2 for x in v) / (len(v) - 1))
+        return {"n": len(v), "mean": mean, "sd": sd, "min": min(v), "max": max(v)}
+
+    def ppl(self, length):
+        st = self.stats(length)
+        return None if st is None else st["mean"]
+
+    def noise(self, length) -> tuple[float, float] | None:
+        st = self.stats(length)
+        return None if st is None else (st["mean"] - 2 * st["sd"], st["mean"] + 2 * st["sd"])
+
+
+def within_noise(a: tuple[float, float] | None, b: tuple[float, float] | None) -> bool | None:
+    """Two rows are within noise of each other when their noise intervals
+    overlap; None (not judged) when either has no interval."""
+    if a is None or b is None:
+        return None
+    return a[0] <= b[1] and b[0] <= a[1]
 
 
 @dataclass
@@ -85,6 +155,41 @@ class Group:
     @property
     def lengths(self) -> list[int]:
         return sorted({L for s in self.series for L in s.rows})
+
+    def seed_aggregates(self) -> list[SeedAggregate]:
+        """Series of the same setting and method run with two or more seeds."""
+        by_setting: dict[str, list[Series]] = {}
+        for s in self.series:
+            if s.seed is not None:
+                by_setting.setdefault(s.setting, []).append(s)
+        out, names = [], {}
+        for members in by_setting.values():
+            if len({s.seed for s in members}) < 2 or len({s.seed for s in members}) != len(members):
+                continue  # one seed, or a seed run twice: nothing to aggregate, or not a seed replica
+            members = sorted(members, key=lambda s: s.seed)
+            base = members[0].scheme if members[0].method == "none" else f"{members[0].scheme} + {members[0].method}"
+            names[base] = names.get(base, 0) + 1
+            label = base if names[base] == 1 else f"{base} #{names[base]}"
+            out.append(SeedAggregate(f"{label} ({len(members)} seeds)", members))
+        return out
+
+    def noise_rows(self) -> list:
+        """The rows judged for noise: each seed aggregate, and every series
+        that is not part of one."""
+        aggs = self.seed_aggregates()
+        inside = {id(s) for a in aggs for s in a.members}
+        return aggs + [s for s in self.series if id(s) not in inside]
+
+    def best_and_peers(self, length) -> tuple[object, set] | None:
+        """The row with the lowest PPL at a length, and the ids of the rows
+        within noise of it (the best included); None without any interval."""
+        rows = [r for r in self.noise_rows() if r.ppl(length) is not None]
+        if not rows:
+            return None
+        best = min(rows, key=lambda r: r.ppl(length))
+        if best.noise(length) is None:
+            return None
+        return best, {id(r) for r in rows if within_noise(best.noise(length), r.noise(length))}
 
 
 # --- reading ------------------------------------------------------------------
@@ -136,17 +241,30 @@ def load_run(path: str) -> Run:
     key = GroupKey(fingerprint=str(results["corpus"]["fingerprint"]),
                    split=str((results.get("eval") or {}).get("split", "test")),
                    tokenizer=tokenizer_id(results.get("config") or {}),
-                   train_len=int(results["train_len"]))
+                   train_len=int(results["train_len"]),
+                   protocol=_protocol(results))
     run = Run(path=path, results=results, key=key)
     by_method = {}
     for row in results["results"]:
         by_method.setdefault(row["method"], {})[int(row["length"])] = row
-    run.series = [Series(run_dir=run.dir, scheme=results["scheme"], method=m, train_len=key.train_len, rows=rows)
+    config = results.get("config") or {}
+    seed = config.get("seed")
+    setting = json.dumps({k: v for k, v in config.items() if k not in NOT_A_SETTING}, sort_keys=True, default=str)
+    run.series = [Series(run_dir=run.dir, scheme=results["scheme"], method=m, train_len=key.train_len, rows=rows,
+                         seed=seed, setting=f"{results['scheme']}|{m}|{setting}")
                   for m, rows in by_method.items()]
     for s in run.series:
         s.reference_ppl = _reference(s, run.series)
+        s.reference_self = s.ppl(s.train_len) is not None
     return run
 
+
+def _protocol(results: dict) -> str:
+    """The evaluation protocol, with the sliding stride (different strides
+    are different measurements)."""
+    ev = results.get("eval") or {}
+    protocol = str(ev.get("protocol", "stream"))
+    return f"sliding{ev.get('sliding_stride')}" if protocol == "sliding" else protocol
 
 def _reference(s: Series, siblings: list[Series]) -> float | None:
     for cand in [s] + [x for x in siblings if x.method == "none"] + siblings:
@@ -189,7 +307,8 @@ def group_runs(runs: list[Run], group: bool) -> list[Group]:
             parts.append(f"[{k.describe()}: {', '.join(members[:4])}{' ...' if len(members) > 4 else ''}]")
         diff = [name for name, vals in (("corpus/split", {(k.fingerprint, k.split) for k in keys}),
                                         ("tokenizer", {k.tokenizer for k in keys}),
-                                        ("training length", {k.train_len for k in keys})) if len(vals) > 1]
+                                        ("training length", {k.train_len for k in keys}),
+                                        ("evaluation protocol", {k.protocol for k in keys})) if len(vals) > 1]
         raise ConfigError(
             f"These runs differ in {' and '.join(diff)}, so their perplexities are not comparable in one table: "
             f"{' '.join(parts)}. Compare runs of one setting, or pass --group for one table and plot per setting."
@@ -241,6 +360,28 @@ def _rel(s: Series, L: int):
     return None if p is None or not s.reference_ppl else p / s.reference_ppl
 
 
+def _rel_ci(s: Series, L: int) -> tuple:
+    """The evaluation's own interval of the relative PPL, valid only where the
+    reference is the series' own PPL at L_train (as the evaluation computed it)."""
+    row = s.rows.get(L) or {}
+    if not s.reference_self:
+        return None, None
+    return row.get("ppl_rel_lo"), row.get("ppl_rel_hi")
+
+
+def _with_ci(v, lo, hi) -> str:
+    if v is None or lo is None or hi is None:
+        return _fmt(v)
+    return f"{_fmt(v)} [{_fmt(lo)}, {_fmt(hi)}]"
+
+
+def _noise_flag(g: Group, row, L):
+    judged = g.best_and_peers(L)
+    if judged is None or row.ppl(L) is None or row.noise(L) is None:
+        return None
+    return id(row) in judged[1]
+
+
 def markdown(groups: list[Group], skipped: list[str], title: str) -> str:
     out = [f"# {title}", ""]
     for n, g in enumerate(groups, 1):
@@ -252,23 +393,76 @@ def markdown(groups: list[Group], skipped: list[str], title: str) -> str:
             return "\n".join([head, sep] + [f"| {s.label} | " + " | ".join(_fmt(value(s, L)) for L in lengths) + " |"
                                             for s in g.series])
 
-        tokens = sorted({row["tokens"] for s in g.series for row in s.rows.values()})
+        # Under the documents protocol each length scores its own number of tokens; only a
+        # difference between runs at the same length means they scored different amounts of text.
+        per_length = {L: {s.rows[L]["tokens"] for s in g.series if L in s.rows} for L in lengths}
+        tokens = sorted(set().union(*[v for v in per_length.values() if len(v) > 1]))
         prefix = f"## Group {n}: " if len(groups) > 1 else "## "
         out += [f"{prefix}{g.key.describe()}", ""]
         out += [f"{len(g.runs)} run(s): " + ", ".join(f"`{_short(r.dir)}`" for r in g.runs), ""]
         if len(tokens) > 1:
             out += [f"**Note:** the runs scored different numbers of target tokens ({', '.join(map(str, tokens))}): "
                     f"the same test text, but not the same amount of it.", ""]
-        out += ["### PPL", "", table(lambda s, L: s.ppl(L)), "",
+        def table_ci(value):
+            return "\n".join([head, sep] + [f"| {s.label} | " + " | ".join(value(s, L) for L in lengths) + " |"
+                                            for s in g.series])
+
+        def ppl_cell(s, L):
+            row = s.rows.get(L) or {}
+            return _with_ci(s.ppl(L), row.get("ppl_lo"), row.get("ppl_hi"))
+
+        has_ci = any(s.noise(L) for s in g.series for L in s.rows)
+        out += ["### PPL", ""]
+        if has_ci:
+            out += ["Brackets: 95% bootstrap interval of each run's evaluation.", ""]
+        out += [table_ci(ppl_cell), "",
                 f"### PPL relative to the same run's PPL at L_train = {L0}", "",
                 "1.00 = as good as inside the training length; above 1 = worse.", "",
-                table(_rel), "",
+                table_ci(lambda s, L: _with_ci(_rel(s, L), *_rel_ci(s, L))), "",
                 f"### PPL of tokens at positions ≥ {L0} (past the training length)", "",
                 table(lambda s, L: s.rows[L].get("ppl_beyond") if L in s.rows else None), ""]
+        out += _seed_section(g, lengths, head, sep)
+        out += _noise_section(g, lengths)
     if skipped:
         out += ["## Jobs not complete (shown above only where some lengths were evaluated)", ""]
         out += [f"- {s}" for s in skipped] + [""]
     return "\n".join(out)
+
+
+def _seed_section(g: Group, lengths: list[int], head: str, sep: str) -> list[str]:
+    aggs = g.seed_aggregates()
+    if not aggs:
+        return []
+
+    def cell(a, L):
+        st = a.stats(L)
+        return "" if st is None else f"{_fmt(st['mean'])} ± {_fmt(st['sd'])}"
+
+    out = ["### PPL across seeds (mean ± sd)", "",
+           "Runs that differ only in `seed`; sd across seeds (n − 1 in the denominator).", "",
+           head, sep] + [f"| {a.label} | " + " | ".join(cell(a, L) for L in lengths) + " |" for a in aggs] + [""]
+    for a in aggs:
+        per = "; ".join(f"{L}: " + ", ".join(f"seed {k} {_fmt(v)}" for k, v in a.values(L).items())
+                        for L in lengths if a.values(L))
+        out.append(f"- {a.label} — {per}")
+    return out + [""]
+
+
+def _noise_section(g: Group, lengths: list[int]) -> list[str]:
+    lines = []
+    for L in lengths:
+        judged = g.best_and_peers(L)
+        if judged is None:
+            continue
+        best, peers = judged
+        others = [r.label for r in g.noise_rows() if id(r) in peers and r is not best]
+        lines.append(f"- {L}: best {best.label} ({_fmt(best.ppl(L))}); within noise of it: "
+                     f"{', '.join(others) if others else 'none'}")
+    if not lines:
+        return []
+    return ["### Within noise", "",
+            "Rows whose noise intervals overlap the best row's (a run: its 95% bootstrap interval; "
+            "a seed aggregate: mean ± 2 sd) cannot be told apart from it at that length.", ""] + lines + [""]
 
 
 def csv_rows(groups: list[Group]) -> list[dict]:
@@ -278,19 +472,47 @@ def csv_rows(groups: list[Group]) -> list[dict]:
         for s in g.series:
             for L in sorted(s.rows):
                 r = s.rows[L]
+                rel_lo, rel_hi = _rel_ci(s, L)
                 rows.append({
                     "group": g.key.slug() if multi else "", "label": s.label, "scheme": s.scheme, "method": s.method,
-                    "train_len": s.train_len, "length": L, "ratio": L / s.train_len, "ppl": r.get("ppl"),
-                    "ppl_rel": _rel(s, L), "ppl_within": r.get("ppl_within"), "ppl_beyond": r.get("ppl_beyond"),
-                    "loss": r.get("loss"), "tokens": r.get("tokens"), "corpus": g.key.fingerprint,
-                    "split": g.key.split, "tokenizer": g.key.tokenizer, "run_dir": _from_here(s.run_dir),
+                    "seed": s.seed, "train_len": s.train_len, "length": L, "ratio": L / s.train_len,
+                    "ppl": r.get("ppl"), "ppl_lo": r.get("ppl_lo"), "ppl_hi": r.get("ppl_hi"),
+                    "ppl_rel": _rel(s, L), "ppl_rel_lo": rel_lo, "ppl_rel_hi": rel_hi,
+                    "ppl_within": r.get("ppl_within"), "ppl_beyond": r.get("ppl_beyond"),
+                    "loss": r.get("loss"), "tokens": r.get("tokens"), "documents": r.get("documents"),
+                    "protocol": r.get("protocol", "stream"), "within_noise_of_best": _noise_flag(g, s, L),
+                    "corpus": g.key.fingerprint, "split": g.key.split, "tokenizer": g.key.tokenizer,
+                    "run_dir": _from_here(s.run_dir),
                 })
     return rows
 
 
-def to_csv(rows: list[dict]) -> str:
+def seed_rows(groups: list[Group]) -> list[dict]:
+    rows = []
+    multi = len(groups) > 1
+    for g in groups:
+        for a in g.seed_aggregates():
+            for L in g.lengths:
+                st = a.stats(L)
+                if st is None:
+                    continue
+                lo, hi = a.noise(L)
+                values = a.values(L)
+                rows.append({
+                    "group": g.key.slug() if multi else "", "label": a.label, "scheme": a.scheme, "method": a.method,
+                    "train_len": g.key.train_len, "length": L, "n_seeds": st["n"],
+                    "seeds": ";".join(str(k) for k in values), "ppl_mean": st["mean"], "ppl_sd": st["sd"],
+                    "ppl_min": st["min"], "ppl_max": st["max"], "noise_lo": lo, "noise_hi": hi,
+                    "per_seed": ";".join(f"{k}={v!r}" for k, v in values.items()),
+                    "within_noise_of_best": _noise_flag(g, a, L),
+                    "run_dirs": ";".join(_from_here(s.run_dir) for s in a.members),
+                })
+    return rows
+
+
+def to_csv(rows: list[dict], columns: list[str] = CSV_COLUMNS) -> str:
     buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=CSV_COLUMNS, lineterminator="\n")
+    w = csv.DictWriter(buf, fieldnames=columns, lineterminator="\n")
     w.writeheader()
     w.writerows(rows)
     return buf.getvalue()
@@ -357,8 +579,12 @@ def plot_ppl(g: Group, path: str, title: str):
     def draw(ax, s, color, dash):
         Ls = sorted(L for L in s.rows if s.ppl(L) is not None)
         ax.plot(Ls, [s.ppl(L) for L in Ls], marker="o", markersize=4, color=color, linestyle=dash, label=s.label)
+        band = [L for L in Ls if s.noise(L)]
+        if band:
+            ax.fill_between(band, [s.noise(L)[0] for L in band], [s.noise(L)[1] for L in band], color=color,
+                            alpha=0.15, linewidth=0)
 
-    _group_plot(g, path, f"{title}\nPPL vs evaluation length", "evaluation length (tokens, log scale)",
+    _group_plot(g, path, f"{title}\nPPL vs evaluation length (bands: 95% interval)", "evaluation length (tokens, log scale)",
                 "perplexity (log scale)", draw, ylog=True)
 
 
@@ -409,6 +635,10 @@ def compare(paths: list[str], out_dir: str | None = None, group: bool = False, t
     files = {"markdown": os.path.join(out_dir, "compare.md"), "csv": os.path.join(out_dir, "compare.csv"), "plots": []}
     atomic_write(files["markdown"], markdown(groups, skipped, title))
     atomic_write(files["csv"], to_csv(rows))
+    seeds = seed_rows(groups)
+    if seeds:
+        files["seeds_csv"] = os.path.join(out_dir, "compare_seeds.csv")
+        atomic_write(files["seeds_csv"], to_csv(seeds, SEED_COLUMNS))
     for g in groups:
         suffix = f"_{g.key.slug()}" if len(groups) > 1 else ""
         ppl_png = os.path.join(out_dir, f"ppl_vs_length{suffix}.png")
@@ -416,7 +646,8 @@ def compare(paths: list[str], out_dir: str | None = None, group: bool = False, t
         plot_ppl(g, ppl_png, title)
         plot_per_position(g, pos_png, title)
         files["plots"].append({"group": g.key.slug(), "ppl_vs_length": ppl_png, "per_position": pos_png})
-    return {"out_dir": out_dir, "files": files, "groups": groups, "rows": rows, "runs": runs, "skipped": skipped,
+    return {"out_dir": out_dir, "files": files, "groups": groups, "rows": rows, "seed_rows": seeds, "runs": runs,
+            "skipped": skipped,
             "title": title, "study": study_name(paths, runs)}
 
 

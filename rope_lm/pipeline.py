@@ -22,7 +22,7 @@ from rope_lm.config import (DATA_ANNOTATIONS, RunConfig, TrainerConfig, resolve_
                             typed_component, typed_dataclass)
 from rope_lm.data import LMDataModule, prepare
 from rope_lm.errors import ConfigError, RopeLMError
-from rope_lm.evaluation import EvalConfig, evaluate_lengths, scored_tokens
+from rope_lm.evaluation import EvalConfig, eval_summary, evaluate_lengths, scored_tokens
 from rope_lm.lit import LitLM, TokensPerSecond
 from rope_lm.model import check_fit
 from rope_lm.report import RESULTS_JSON, atomic_write, log_to_wandb, new_results, write_json, write_views
@@ -104,9 +104,8 @@ def evaluate_and_report(model, cache, eval_cfg: EvalConfig, methods: list[dict |
     original = model.scaling
     stream = cache.tokens(eval_cfg.split)
     lengths = eval_cfg.resolve_lengths(results["train_len"])
-    results["eval"] = {"split": eval_cfg.split, "lengths": lengths,
-                       "scored_tokens": scored_tokens(len(stream), lengths, eval_cfg.token_budget, eval_cfg.split),
-                       "split_tokens": int(len(stream)), "token_budget": eval_cfg.token_budget}
+    doc_starts = cache.doc_starts(eval_cfg.split)
+    results["eval"] = eval_summary(eval_cfg, len(stream), doc_starts, results["train_len"])
     # "complete" only once every method and length is in: a crash part-way leaves "evaluating".
     done, results["status"] = results.get("status", "complete"), "evaluating"
     try:
@@ -123,7 +122,7 @@ def evaluate_and_report(model, cache, eval_cfg: EvalConfig, methods: list[dict |
                 extra = f", beyond L_train {row['ppl_beyond']:.3f}" if row["ppl_beyond"] else ""
                 log.info("ppl@%d [%s] = %.3f%s", row["length"], label, row["ppl"], extra)
 
-            evaluate_lengths(model, stream, eval_cfg, results["train_len"], on_result)
+            evaluate_lengths(model, stream, eval_cfg, results["train_len"], on_result, doc_starts=doc_starts)
             results["status"] = done if i == len(methods) - 1 else "evaluating"
             write_views(results, out_dir)
     finally:
@@ -155,7 +154,8 @@ def train_and_evaluate(run: RunConfig | dict, out_dir: str, logger=None) -> dict
     if resumed:
         data_cfg, expected = resumed["data_cfg"], resumed["corpus"]
     cache = state["cache"] = prepare(data_cfg, run.source, expect_corpus=expected)
-    scored_tokens(len(cache.tokens(run.eval.split)), run.lengths, run.eval.token_budget, run.eval.split)
+    # The split must serve the evaluation protocol (enough tokens, or documents long enough) before training.
+    eval_summary(run.eval, len(cache.tokens(run.eval.split)), cache.doc_starts(run.eval.split), data_cfg.seq_len)
     datamodule = LMDataModule(cache, data_cfg, run.seed, run.trainer.lightning.get("accumulate_grad_batches") or 1)
     hparams = dict(model=run.model, pos=run.pos, scaling=run.scaling, optim=run.raw.get("optim") or {},
                    vocab_size=cache.vocab_size, train_len=data_cfg.seq_len, max_steps=run.trainer.max_steps,

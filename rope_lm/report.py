@@ -76,6 +76,53 @@ def _fmt(v):
     return f"{v:.3g}" if v >= 1000 else f"{v:.2f}"
 
 
+def _fmt_ci(row: dict, key: str) -> str:
+    """`37.51 [37.10, 37.92]`: the value and its 95% interval, where there is one."""
+    v = row.get(key)
+    lo, hi = row.get(f"{key}_lo"), row.get(f"{key}_hi")
+    if v is None or lo is None or hi is None:
+        return _fmt(v)
+    return f"{_fmt(v)} [{_fmt(lo)}, {_fmt(hi)}]"
+
+
+PROTOCOL_TEXT = {
+    "stream": "non-overlapping windows of L tokens cut from the concatenated split, each starting fresh",
+    "documents": "documents of at least L+1 tokens, each truncated to its first L+1 tokens and scored as one window",
+    "sliding": "windows of L every {stride} tokens, each target scored once with up to L tokens of context",
+}
+UNIT_TEXT = {"window": "windows", "document": "documents", "block": "blocks of L consecutive targets"}
+
+
+def _protocol_lines(results: dict) -> list[str]:
+    rows = results["results"]
+    ev = results.get("eval", {})
+    protocol = rows[0].get("protocol", ev.get("protocol", "stream"))
+    corpus = (f"Corpus: {results['corpus'].get('source')} `{results['corpus'].get('fingerprint')}`, split "
+              f"`{ev.get('split', 'test')}`.")
+    text = PROTOCOL_TEXT[protocol].format(stride=rows[0].get("stride"))
+    out = [f"{corpus} Protocol `{protocol}`: {text}."]
+    lengths = sorted({r["length"] for r in rows})
+    if protocol == "documents":
+        by_len = {r["length"]: r for r in rows}
+        counts = {by_len[L]["documents"] for L in lengths}
+        if rows[0].get("documents_shared"):
+            out.append(f"Every length scores the same {counts.pop()} documents (those long enough for the longest "
+                       f"length).")
+        else:
+            out.append("No document is long enough for the longest length, so each length scores the documents "
+                       "long enough for it: " + ", ".join(f"{L}: {by_len[L]['documents']} documents, "
+                                                           f"{by_len[L]['tokens']} tokens" for L in lengths) + ".")
+        if ev.get("skipped_lengths"):
+            out.append(f"Skipped (no document long enough): {', '.join(map(str, ev['skipped_lengths']))}.")
+    else:
+        out.append(f"Every length scores the same {rows[0]['tokens']} target tokens.")
+    if any(r.get("ppl_lo") is not None for r in rows):
+        unit = rows[0].get("unit", "window")
+        out.append(f"Brackets: 95% interval from {ev.get('bootstrap', '')} bootstrap resamples (seed "
+                   f"{ev.get('seed', 0)}) over {UNIT_TEXT.get(unit, unit)}.")
+    return out
+
+
 def markdown_table(results: dict) -> str:
     rows = results["results"]
     methods = list(dict.fromkeys(r["method"] for r in rows))
@@ -85,21 +132,16 @@ def markdown_table(results: dict) -> str:
     head = "| method | " + " | ".join(f"{L} ({L / train_len:g}×)" for L in lengths) + " |"
     sep = "|---" * (len(lengths) + 1) + "|"
 
-    def value(row, key):
-        return (row.get("sliding") or {}).get("ppl") if key == "sliding_ppl" else row.get(key)
-
-    def table(key):
+    def table(key, cell=_fmt_ci):
         lines = [head, sep]
         for m in methods:
-            lines.append(f"| {m} | " + " | ".join(_fmt(value(by[(m, L)], key)) if (m, L) in by else "" for L in lengths) + " |")
+            lines.append(f"| {m} | " + " | ".join(cell(by[(m, L)], key) if (m, L) in by else "" for L in lengths) + " |")
         return "\n".join(lines)
 
-    scored = rows[0]["tokens"] if rows else 0
     out = [
         f"# Perplexity vs evaluation length — {results['scheme']}, trained at L={train_len}",
         "",
-        f"Corpus: {results['corpus'].get('source')} `{results['corpus'].get('fingerprint')}`, split "
-        f"`{results.get('eval', {}).get('split', 'test')}`; every length scores the same {scored} target tokens.",
+        " ".join(_protocol_lines(results)) if rows else "",
         "",
         "## PPL over all tokens",
         "",
@@ -109,8 +151,15 @@ def markdown_table(results: dict) -> str:
         "",
         table("ppl_beyond"),
     ]
+    if any(r.get("ppl_rel") is not None for r in rows):
+        out += ["", f"## PPL relative to the same method's PPL at L_train = {train_len}", "",
+                table("ppl_rel")]
     if any("sliding" in r for r in rows):
-        out += ["", f"## Sliding-window PPL (stride {rows[0]['sliding']['stride']})", "", table("sliding_ppl")]
+        out += ["", f"## Sliding-window PPL (stride {rows[0]['sliding']['stride']})", "",
+                table("sliding", lambda r, k: _fmt_ci(r[k], "ppl") if k in r else "")]
+    out += ["", "## Documents and tokens scored", "",
+            table("tokens", lambda r, k: (f"{r['documents']} docs, " if "documents" in r else "")
+                  + f"{r['tokens']} tokens, {r.get('windows', '')} windows")]
     return "\n".join(out) + "\n"
 
 
@@ -141,7 +190,11 @@ def plot(results: dict, path: str):
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
     for m in methods:
         rs = sorted((r for r in rows if r["method"] == m), key=lambda r: r["length"])
-        ax.plot([r["length"] for r in rs], [r["ppl"] for r in rs], marker="o", label=m)
+        line, = ax.plot([r["length"] for r in rs], [r["ppl"] for r in rs], marker="o", label=m)
+        band = [r for r in rs if r.get("ppl_lo") is not None]
+        if band:
+            ax.fill_between([r["length"] for r in band], [r["ppl_lo"] for r in band], [r["ppl_hi"] for r in band],
+                            color=line.get_color(), alpha=0.2, linewidth=0)
         longest = rs[-1]
         pp = longest["per_position"]
         ax2.plot(*log_binned(pp, longest["length"]), marker=".", label=f"{m} (L={longest['length']})")
@@ -153,7 +206,7 @@ def plot(results: dict, path: str):
     ax.set_yscale("log")
     ax.set_xlabel("evaluation length (tokens)")
     ax.set_ylabel("perplexity")
-    ax.set_title(f"{results['scheme']}: PPL vs length (trained at {train_len}, dashed)")
+    ax.set_title(f"{results['scheme']}: PPL vs length (trained at {train_len}, dashed; bands: 95% interval)")
     ax2.set_xlabel("position in window (tokens; 4 bins per doubling)")
     ax2.set_ylabel("mean token loss (nats)")
     ax2.set_title("per-position loss, longest window")
@@ -176,6 +229,21 @@ def write_views(results: dict, out_dir: str, draw: bool = True):
             plot(results, os.path.join(out_dir, RESULTS_PNG))
 
 
+LOG2_COLUMNS = ["run", "method", "series", "length", "log2_length", "ppl", "lo", "hi"]
+
+
+def log2_rows(results: dict, run_name: str | None = None) -> list[list]:
+    """One row per (method, length) for the log-2 chart; `series` (scheme +
+    method) keys the lines, so runs logged to one project line up."""
+    scheme = results["scheme"]
+    out = []
+    for r in sorted(results["results"], key=lambda r: (r["method"], r["length"])):
+        series = scheme if r["method"] == "none" else f"{scheme} + {r['method']}"
+        out.append([run_name or scheme, r["method"], series, r["length"], math.log2(r["length"]), r["ppl"],
+                    r.get("ppl_lo"), r.get("ppl_hi")])
+    return out
+
+
 def log_to_wandb(run, results: dict, out_dir: str):
     """PPL-vs-length table and charts, per-position loss (table and chart) and
     the PNG plot on a wandb run; ppl@L per method in the run summary, so the
@@ -196,6 +264,13 @@ def log_to_wandb(run, results: dict, out_dir: str):
         keys=methods, title=f"PPL vs evaluation length ({results['scheme']}, L_train={train_len})", xname="length",
     )
     payload = {"extrapolation/table": table, "extrapolation/ppl_vs_length": chart}
+    # wandb's line charts have no log axis: a table with log2(L) as a column,
+    # drawn over it, one line per run and method, with the interval alongside.
+    log2_table = wandb.Table(columns=LOG2_COLUMNS, data=log2_rows(results, getattr(run, "name", None)))
+    payload["extrapolation/ppl_vs_log2_length_table"] = log2_table
+    payload["extrapolation/ppl_vs_log2_length"] = wandb.plot.line(
+        log2_table, "log2_length", "ppl", stroke="series",
+        title=f"PPL vs log2(evaluation length) ({results['scheme']}, L_train={train_len}; lo/hi: 95% interval)")
     png = os.path.join(out_dir, RESULTS_PNG)
     if os.path.exists(png):
         payload["extrapolation/plot"] = wandb.Image(png)
@@ -214,6 +289,10 @@ def log_to_wandb(run, results: dict, out_dir: str):
     run.summary["scheme"] = results["scheme"]
     run.summary["train_len"] = train_len
     for r in rows:
-        run.summary[f"ppl@{r['length']}/{r['method']}"] = r["ppl"]
-        # ppl@(k x L_train), comparable across runs trained at different lengths
-        run.summary[f"ppl@{r['ratio']:g}x/{r['method']}"] = r["ppl"]
+        for key in (f"ppl@{r['length']}/{r['method']}",
+                    # ppl@(k x L_train), comparable across runs trained at different lengths
+                    f"ppl@{r['ratio']:g}x/{r['method']}"):
+            run.summary[key] = r["ppl"]
+            if r.get("ppl_lo") is not None:
+                run.summary[f"{key}/lo"] = r["ppl_lo"]
+                run.summary[f"{key}/hi"] = r["ppl_hi"]

@@ -22,7 +22,8 @@ def per_position(L, base_loss):
 
 
 def write_run(directory, scheme="rope", methods=None, train_len=64, fingerprint="abc123", vocab=4096,
-              lengths=None, split="test", tokens=1024, status="complete", group=None):
+              lengths=None, split="test", tokens=1024, status="complete", group=None, seed=None, ci=None,
+              protocol=None):
     """A results.json as pipeline.evaluate_and_report writes it; methods maps
     a label to a function length -> ppl."""
     methods = methods if methods is not None else {"none": lambda L: 10.0 * L / train_len}
@@ -38,11 +39,14 @@ def write_run(directory, scheme="rope", methods=None, train_len=64, fingerprint=
                          "loss_beyond": math.log(ppl) if L > train_len else None,
                          "ppl_beyond": ppl * 1.5 if L > train_len else None,
                          "per_position": per_position(L, math.log(ppl))})
+            if ci:  # half-width of a 95% interval around the ppl
+                rows[-1].update(ppl_lo=ppl - ci(L), ppl_hi=ppl + ci(L))
     results = {"scheme": scheme, "train_len": train_len, "status": status,
                "corpus": {"source": "stdlib", "fingerprint": fingerprint},
                "config": {"data": {"vocab_size": vocab, "tokenizer_train_chars": 4_000_000},
-                          "logger": {"name": "wandb", "group": group, "project": "rope-lm-test"}},
-               "eval": {"split": split, "lengths": lengths}, "methods": {m: {} for m in methods}, "results": rows}
+                          "logger": {"name": "wandb", "group": group, "project": "rope-lm-test"},
+                          **({"seed": seed} if seed is not None else {})},
+               "eval": {"split": split, "lengths": lengths, **({"protocol": protocol} if protocol else {})}, "methods": {m: {} for m in methods}, "results": rows}
     os.makedirs(directory, exist_ok=True)
     with open(os.path.join(directory, "results.json"), "w") as f:
         json.dump(results, f)
@@ -279,3 +283,114 @@ def test_per_position_log_bins_keep_the_token_mean_and_widen_with_position():
     # Two bins per doubling: buckets centred at 2 and 6 stay apart; 34 ... 61 (one octave and a bit) merge into <= 3 bins.
     assert means[0] == 0.0 and means[1] == 4.0
     assert sum(1 for c in centres if c > 32) <= 3
+
+
+# --- seeds and noise ------------------------------------------------------------------------------
+
+def test_runs_differing_only_in_seed_aggregate_to_mean_and_sd(tmp_path):
+    sweep = tmp_path / "seeds"
+    rope = {0: [10.0, 20.0, 80.0], 1: [11.0, 22.0, 86.0], 2: [12.0, 21.0, 83.0]}
+    for seed, ppls in rope.items():
+        write_run(sweep / f"rope_s{seed}", "rope", {"none": lambda L, p=ppls: p[[64, 128, 256].index(L)]}, seed=seed)
+    write_run(sweep / "alibi_s0", "alibi", {"none": lambda L: 15.0}, seed=0)
+    write_run(sweep / "alibi_s1", "alibi", {"none": lambda L: 15.0}, seed=1, vocab=8192, fingerprint="abc123")
+    summary = compare([str(sweep)], str(tmp_path / "o"), group=True)
+    (g,) = [g for g in summary["groups"] if any(s.scheme == "rope" for s in g.series)]
+    (agg,) = g.seed_aggregates()  # the one alibi of this group has a single seed
+    assert agg.label == "rope (3 seeds)" and [s.seed for s in agg.members] == [0, 1, 2]
+    st = agg.stats(128)
+    assert st["mean"] == pytest.approx(21.0) and st["sd"] == pytest.approx(1.0) and st["n"] == 3
+    assert agg.stats(256)["sd"] == pytest.approx(3.0) and agg.noise(256) == pytest.approx((77.0, 89.0))
+    rows = {int(r["length"]): r for r in read_csv(tmp_path / "o" / "compare_seeds.csv")}
+    assert float(rows[64]["ppl_mean"]) == pytest.approx(11.0) and float(rows[64]["ppl_sd"]) == pytest.approx(1.0)
+    assert rows[64]["per_seed"] == "0=10.0;1=11.0;2=12.0" and rows[64]["seeds"] == "0;1;2"
+    md = (tmp_path / "o" / "compare.md").read_text()
+    assert "| rope (3 seeds) | 11.00 ± 1.00 | 21.00 ± 1.00 | 83.00 ± 3.00 |" in md
+    assert "seed 0 10.00, seed 1 11.00, seed 2 12.00" in md
+
+
+def test_a_seed_aggregate_needs_the_same_settings(tmp_path):
+    write_run(tmp_path / "s" / "a", "rope", seed=0)
+    write_run(tmp_path / "s" / "b", "rope", seed=1, group="another-study")  # logger settings do not count
+    write_run(tmp_path / "s" / "c", "rope", {"yarn": lambda L: 9.0}, seed=1)  # another method
+    summary = compare([str(tmp_path / "s")], str(tmp_path / "o"))
+    (g,) = summary["groups"]
+    assert [[s.run_dir[-1] for s in a.members] for a in g.seed_aggregates()] == [["a", "b"]]
+
+
+def test_within_noise_rule_overlapping_intervals():
+    from rope_lm.compare import within_noise
+
+    assert within_noise((10.0, 12.0), (11.5, 13.0)) and within_noise((11.5, 13.0), (10.0, 12.0))
+    assert not within_noise((10.0, 12.0), (12.1, 13.0))
+    assert within_noise((10.0, 12.0), None) is None
+
+
+def test_rows_within_noise_of_the_best_are_flagged(tmp_path):
+    sweep = tmp_path / "s"
+    write_run(sweep / "rope", "rope", {"none": lambda L: {64: 10.0, 128: 20.0, 256: 80.0}[L]}, ci=lambda L: 0.5)
+    write_run(sweep / "alibi", "alibi", {"none": lambda L: {64: 10.8, 128: 12.0, 256: 13.0}[L]}, ci=lambda L: 0.5)
+    write_run(sweep / "t5", "t5", {"none": lambda L: {64: 12.0, 128: 12.7, 256: 30.0}[L]}, ci=lambda L: 0.3)
+    summary = compare([str(sweep)], str(tmp_path / "o"))
+    flags = {(r["label"], int(r["length"])): r["within_noise_of_best"] for r in read_csv(tmp_path / "o" / "compare.csv")}
+    # 64: rope [9.5, 10.5] is best, alibi [10.3, 11.3] overlaps it, t5 [11.7, 12.3] does not
+    assert flags[("rope", 64)] == "True" and flags[("alibi", 64)] == "True" and flags[("t5", 64)] == "False"
+    # 128: alibi [11.5, 12.5] is best; t5 [12.4, 13.0] overlaps, rope does not
+    assert (flags[("alibi", 128)], flags[("t5", 128)], flags[("rope", 128)]) == ("True", "True", "False")
+    md = (tmp_path / "o" / "compare.md").read_text()
+    assert "- 128: best alibi (12.00); within noise of it: t5" in md
+    assert "- 256: best alibi (13.00); within noise of it: none" in md
+    assert "| rope | 10.00 [9.50, 10.50] | 20.00 [19.50, 20.50] | 80.00 [79.50, 80.50] |" in md
+    assert summary["seed_rows"] == []
+
+
+def test_different_protocols_are_not_mixed(tmp_path):
+    write_run(tmp_path / "s" / "a", "rope")
+    write_run(tmp_path / "s" / "b", "rope", protocol="documents")
+    with pytest.raises(ConfigError, match="differ in evaluation protocol"):
+        compare([str(tmp_path / "s")], str(tmp_path / "o"))
+
+
+def test_results_markdown_shows_intervals_protocol_and_documents():
+    from rope_lm.report import markdown_table
+
+    rows = [{"method": "none", "protocol": "documents", "length": L, "ratio": L / 64, "tokens": 3 * L, "windows": 3,
+             "documents": 3, "documents_shared": True, "unit": "document", "units": 3, "ppl": p, "ppl_lo": p - 0.4,
+             "ppl_hi": p + 0.4, "ppl_beyond": None if L == 64 else p, "ppl_rel": p / 37.5, "ppl_rel_lo": 0.99,
+             "ppl_rel_hi": 1.2, "per_position": per_position(L, 3.0)} for L, p in ((64, 37.5), (128, 40.25))]
+    results = {"scheme": "rope", "train_len": 64, "corpus": {"source": "pg19", "fingerprint": "f"},
+               "eval": {"split": "test", "protocol": "documents", "bootstrap": 1000, "seed": 0}, "results": rows}
+    md = markdown_table(results)
+    assert "| none | 37.50 [37.10, 37.90] | 40.25 [39.85, 40.65] |" in md
+    assert "Protocol `documents`" in md and "same 3 documents" in md and "1000 bootstrap resamples" in md
+    assert "| none | 1.00 [0.99, 1.20] | 1.07 [0.99, 1.20] |" in md
+    assert "| none | 3 docs, 192 tokens, 3 windows | 3 docs, 384 tokens, 3 windows |" in md
+    for r in rows:
+        r["documents_shared"] = False
+    assert "128: 3 documents, 384 tokens" in markdown_table(results)
+
+
+def test_run_wandb_log2_length_table_and_interval_in_summary(tmp_path):
+    from rope_lm.report import log_to_wandb as log_run
+
+    write_run(tmp_path / "r", "rope", {"none": lambda L: 10.0 * L / 64, "yarn": lambda L: 12.0}, ci=lambda L: 1.0)
+    results = json.load(open(tmp_path / "r" / "results.json"))
+
+    class FakeRun:
+        name = "run-1"
+
+        def __init__(self):
+            self.summary, self.logged = {}, {}
+
+        def log(self, payload):
+            self.logged.update(payload)
+
+    run = FakeRun()
+    log_run(run, results, str(tmp_path / "r"))
+    table = run.logged["extrapolation/ppl_vs_log2_length_table"]
+    assert table.columns == ["run", "method", "series", "length", "log2_length", "ppl", "lo", "hi"]
+    assert ["run-1", "yarn", "rope + yarn", 256, 8.0, 12.0, 11.0, 13.0] in [list(r) for r in table.data]
+    chart = run.logged["extrapolation/ppl_vs_log2_length"]
+    assert chart.spec.fields == {"x": "log2_length", "y": "ppl", "stroke": "series"} and chart.table is table
+    assert run.summary["ppl@128/none"] == 20.0 and run.summary["ppl@128/none/lo"] == 19.0
+    assert run.summary["ppl@2x/none/hi"] == 21.0

@@ -34,14 +34,14 @@ def test_a_crash_during_evaluation_is_not_reported_as_complete(tiny_config, tmp_
 
     import rope_lm.evaluation as evaluation
 
-    real = evaluation.ppl_at_length
+    real = evaluation.token_losses
 
-    def fails_at_the_second_length(model, stream, L, *args):
-        if L > 16:
+    def fails_at_the_second_length(model, windows, *args):
+        if windows.shape[1] > 16:  # every protocol scores its windows through token_losses
             raise RuntimeError("simulated failure")
-        return real(model, stream, L, *args)
+        return real(model, windows, *args)
 
-    monkeypatch.setattr(evaluation, "ppl_at_length", fails_at_the_second_length)
+    monkeypatch.setattr(evaluation, "token_losses", fails_at_the_second_length)
     out = str(tmp_path / "run")
     with pytest.raises(RuntimeError, match="simulated"):
         train_and_evaluate(tiny_config, out)
