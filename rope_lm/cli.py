@@ -35,7 +35,9 @@ register_resolvers()
 
 def paragraph(e: RopeLMError) -> str:
     kind = "configuration error" if isinstance(e, ConfigError) else "run stopped"
-    return textwrap.fill(f"rope-lm: {kind}: {e}", width=100)
+    # Paths and overrides stay whole (break_on_hyphens would split "pytest-of-root"), so a
+    # command quoted in the message can be pasted back.
+    return textwrap.fill(f"rope-lm: {kind}: {e}", width=100, break_on_hyphens=False, break_long_words=False)
 
 
 def exit_status(e: RopeLMError) -> int:

@@ -16,7 +16,6 @@ settings (e.g. data.test_fraction), `device=cpu|cuda|auto`, `out=` the output
 folder.
 """
 
-import datetime
 import logging
 import os
 import sys
@@ -107,8 +106,8 @@ def main(argv: list[str]):
     args = parse(argv)
     methods = scaling_methods(args["scaling"], args["scaling_opts"])
     eval_options = {**load_group("eval", "default"), **args["eval"]}
-    out = args["out"] or os.path.join("outputs", "eval", datetime.datetime.now().strftime("%Y-%m-%d/%H-%M-%S"))
-    evaluate_checkpoint(args["ckpt"], methods, eval_options, args["data"], out, args["device"])
+    results = evaluate_checkpoint(args["ckpt"], methods, eval_options, args["data"], args["out"], args["device"])
+    out = results["out_dir"]
     print("\n" + open(os.path.join(out, RESULTS_MD)).read())
     print(f"Results: {out}/ (results.json, results.md, ppl_vs_length.png)")
 

@@ -298,7 +298,8 @@ def test_wrong_types_on_the_command_line(tiny_data_options, tmp_path, override, 
 def test_bad_records_are_refused_or_skipped_and_counted(tiny_data_options, tmp_path):
     data = tmp_path / "data"
     data.mkdir()
-    good = [{"text": open(os.path.join(write_corpus(tmp_path / "c"), n)).read()} for n in sorted(os.listdir(tmp_path / "c"))]
+    corpus = write_corpus(tmp_path / "c")
+    good = [{"text": open(os.path.join(corpus, n)).read()} for n in sorted(os.listdir(corpus))]
     lines = [json.dumps(r) for r in good[:6]] + ['{"text": null}'] + [json.dumps(r) for r in good[6:]] + ['["a list"]']
     (data / "docs.jsonl").write_text("\n".join(lines) + "\n")
     options = {**tiny_data_options, "path": str(data)}
