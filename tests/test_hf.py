@@ -319,3 +319,46 @@ def test_hf_init_starts_a_rope_lm_fine_tune(tmp_path):
     assert_parity(lit.model, theirs, (24,), "hf_init")
     lit2 = LitLM(**{**hparams, "scaling": {"name": "yarn", "factor": 2.0}}, optim={}, max_steps=1)
     assert lit2.model.scaling.name == "yarn"
+
+
+def test_export_script_writes_a_trained_checkpoint(tiny_config, tmp_path):
+    """train.py's pipeline trains a Llama-shaped rope-lm model under YaRN with
+    a fixed factor; scripts/export_hf.py writes it; transformers reloads it
+    with the same logits and its tokenizer with the same ids."""
+    from rope_lm.diagnostics import load_checkpoint
+    from rope_lm.pipeline import train_and_evaluate
+    from transformers import AutoTokenizer
+
+    tiny_config["model"].update({k: v for k, v in LLAMA_SHAPED.items() if k not in ("n_layer", "d_model")},
+                                d_model=64, head_dim=16)
+    tiny_config["scaling"] = {"name": "yarn", "factor": 2.0}
+    tiny_config["trainer"].update(max_steps=2, val_every_n_steps=2, ckpt_every_n_steps=2)
+    train_and_evaluate(tiny_config, str(tmp_path / "run"))
+    out = tmp_path / "exported"
+    result = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "export_hf.py"), f"ckpt={tmp_path / 'run'}",
+                             f"out={out}"], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    lit, _ = load_checkpoint(str(tmp_path / "run"))
+    theirs = AutoModelForCausalLM.from_pretrained(str(out), attn_implementation="eager").eval()
+    idx = torch.randint(0, lit.model.cfg.vocab_size, (1, 40))
+    with torch.no_grad():
+        diff = (lit.model(idx) - theirs(idx).logits).abs().max().item()
+    assert diff < ATOL
+    text = "def heappush(heap, item):"
+    assert AutoTokenizer.from_pretrained(str(out))(text)["input_ids"] == lit_tokenizer_ids(lit, text)
+
+
+def lit_tokenizer_ids(lit, text):
+    from tokenizers import Tokenizer
+
+    return Tokenizer.from_str(lit.tokenizer_json).encode(text).ids
+
+
+def test_export_script_refuses_a_model_transformers_cannot_express(tiny_config, tmp_path):
+    from rope_lm.pipeline import train_and_evaluate
+
+    tiny_config["trainer"].update(max_steps=1, val_every_n_steps=1, ckpt_every_n_steps=1)
+    train_and_evaluate(tiny_config, str(tmp_path / "run"))  # GELU MLP
+    result = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "export_hf.py"), f"ckpt={tmp_path / 'run'}",
+                             f"out={tmp_path / 'x'}"], capture_output=True, text=True)
+    assert result.returncode == 2 and "model.mlp=gelu" in result.stderr
