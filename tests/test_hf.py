@@ -366,3 +366,17 @@ def test_export_script_refuses_a_model_transformers_cannot_express(tiny_config, 
     result = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "export_hf.py"), f"ckpt={tmp_path / 'run'}",
                              f"out={tmp_path / 'x'}"], capture_output=True, text=True)
     assert result.returncode == 2 and "model.mlp=gelu" in result.stderr
+
+
+def test_bf16_weights_are_converted_while_read(tmp_path):
+    """A bfloat16 checkpoint loads into float32 (the one-tensor conversion
+    buffer path) or stays bfloat16, holding the file's values either way."""
+    directory, theirs = save_hf(tmp_path)
+    theirs.to(torch.bfloat16).save_pretrained(directory)
+    # reloaded rather than .float(): .to(bfloat16) also rounded HF's inv_freq buffer
+    theirs = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32, attn_implementation="eager").eval()
+    ours, _, _ = load_hf(directory)
+    assert ours.wte.weight.dtype == torch.float32
+    assert_parity(ours, theirs, (24,), "bf16 file")
+    half, _, _ = load_hf(directory, dtype=torch.bfloat16)
+    assert half.wte.weight.dtype == torch.bfloat16 and torch.equal(half.wte.weight.float(), ours.wte.weight)
