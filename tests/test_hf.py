@@ -380,3 +380,24 @@ def test_bf16_weights_are_converted_while_read(tmp_path):
     assert_parity(ours, theirs, (24,), "bf16 file")
     half, _, _ = load_hf(directory, dtype=torch.bfloat16)
     assert half.wte.weight.dtype == torch.bfloat16 and torch.equal(half.wte.weight.float(), ours.wte.weight)
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_hf_lit_is_a_lightning_module_with_the_weights_once(tmp_path, tied):
+    """hf_lit: the LitLM a fine-tune or an evaluation starts from. Its model
+    gives transformers' logits, every parameter is a real tensor listed once
+    (a tied head is the embedding, not a second parameter the optimizer
+    would step twice), and the fine-tune's method replaces HF's."""
+    from rope_lm.hf import hf_lit
+
+    directory, theirs = save_hf(tmp_path, "qwen2", tie_word_embeddings=tied)
+    lit = hf_lit(directory).eval()
+    assert_parity(lit.model, theirs, (24, 48), "hf_lit")
+    params = list(lit.model.parameters())
+    assert not any(p.is_meta for p in params) and not any(b.is_meta for b in lit.model.buffers())
+    assert sum(p.numel() for p in params) == sum(p.numel() for p in theirs.parameters())
+    assert (lit.model.lm_head.weight is lit.model.wte.weight) == tied
+    opt = lit.configure_optimizers()["optimizer"]
+    assert sum(len(g["params"]) for g in opt.param_groups) == len(params)
+    tuned = hf_lit(directory, scaling={"name": "yarn", "factor": 2.0}, max_steps=5)
+    assert tuned.model.scaling.name == "yarn" and tuned.hparams["scaling"]["name"] == "yarn"

@@ -116,3 +116,26 @@ def hf_init(path_or_name: str, dtype: torch.dtype = torch.float32, sliding_windo
     hparams = {"model": s["model"], "pos": s["pos"], "scaling": s["scaling"], "vocab_size": s["vocab_size"],
                "train_len": s["train_len"]}
     return model, info.tokenizer_json, hparams
+
+
+def hf_lit(path_or_name: str, optim: dict | None = None, max_steps: int = 0, scaling: dict | None = None,
+           dtype: torch.dtype = torch.float32, sliding_window: str = "auto", **lit_options):
+    """A LitLM holding a transformers model's weights, with its tokenizer
+    (lit.tokenizer_json), ready to evaluate or fine-tune where a rope-lm
+    checkpoint's LitLM would be: `scaling` (a conf/scaling dict) replaces
+    the checkpoint's own method, `optim` / `max_steps` / `lit_options` are
+    LitLM's arguments. The LitLM is built on the meta device and takes the
+    loaded tensors as its parameters, so the weights exist once."""
+    from rope_lm.lit import LitLM
+
+    model, tokenizer_json, hparams = hf_init(path_or_name, dtype, sliding_window)
+    if scaling is not None:
+        hparams["scaling"] = scaling
+    with torch.device("meta"):
+        lit = LitLM(**hparams, optim=optim or {}, max_steps=max_steps, **lit_options)
+    lit.model.load_state_dict(model.state_dict(), assign=True)
+    lit.model.pos_scheme = model.pos_scheme  # computed buffers, not in the state dict
+    if lit.model.cfg.tie_embeddings:  # assign gives the two names separate Parameter objects
+        lit.model.lm_head.weight = lit.model.wte.weight
+    lit.tokenizer_json = tokenizer_json
+    return lit
