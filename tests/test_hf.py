@@ -98,6 +98,8 @@ ROPE_SCALING = {
     "yarn": ({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16}, "yarn"),
     "yarn-betas-mscale": ({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16,
                            "beta_fast": 16, "beta_slow": 2, "mscale": 0.8, "mscale_all_dim": 0.5}, "yarn"),
+    "yarn-untruncated": ({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16,
+                          "truncate": False}, "yarn"),
     "llama3": ({"rope_type": "llama3", "factor": 4.0, "original_max_position_embeddings": 16,
                 "low_freq_factor": 1.0, "high_freq_factor": 4.0}, "llama3"),
     "longrope": ({"rope_type": "longrope", "factor": 4.0, "original_max_position_embeddings": 16,
@@ -172,8 +174,6 @@ def edit_config(directory, **changes):
     ({"hidden_act": "gelu"}, r"hidden_act='gelu'"),
     ({"rope_parameters": {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5}},
      r"partial_rotary_factor=0.5"),
-    ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4, "factor": 2.0, "truncate": False}},
-     r"truncate=false"),
     ({"rope_parameters": {"rope_type": "proportional", "rope_theta": 1e4}}, r"rope_type='proportional'"),
     ({"attention_bias": True}, r"attention_bias=True with mlp_bias=False"),
 ])
@@ -244,6 +244,7 @@ EXPORTABLE = {
     "pi": {"name": "pi", "factor": 2.0},
     "dynamic_ntk": {"name": "dynamic_ntk", "factor": 2.0},
     "yarn": {"name": "yarn", "factor": 4.0, "beta_fast": 16, "beta_slow": 2},
+    "yarn-untruncated": {"name": "yarn", "factor": 4.0, "truncate": False},
     "llama3": {"name": "llama3", "factor": 4.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0},
     "longrope": {"name": "longrope", "factor": 4.0, "long_factor": [1.0 + 0.7 * i for i in range(8)]},
 }

@@ -99,11 +99,9 @@ def scaling_from_hf(params: dict, max_pos: int, config: dict) -> tuple[dict, int
         raise ConfigError(f"rope_scaling factor {factor} is below 1; rope-lm's fixed factors are >= 1.")
     out = {"name": name, "factor": factor}
     if rope_type == "yarn":
-        if params.get("truncate", True) is False:
-            raise ConfigError("YaRN with truncate=false (an unrounded ramp, gpt-oss) is not supported: rope-lm's "
-                              "ramp rounds its ends to whole pairs as the YaRN paper's code does.")
         out.update(beta_fast=float(params.get("beta_fast") or 32), beta_slow=float(params.get("beta_slow") or 1),
-                   attention_factor=_yarn_attention_factor(params, factor))
+                   attention_factor=_yarn_attention_factor(params, factor),
+                   truncate=bool(params.get("truncate", True)))
     elif rope_type == "llama3":
         out.update(low_freq_factor=float(params["low_freq_factor"]), high_freq_factor=float(params["high_freq_factor"]))
     else:  # longrope
@@ -204,7 +202,7 @@ def _rope_scaling_to_hf(method, L: int) -> tuple[dict, int]:
         return out, L
     out["original_max_position_embeddings"] = L
     if name == "yarn":
-        out.update(beta_fast=method.beta_fast, beta_slow=method.beta_slow)
+        out.update(beta_fast=method.beta_fast, beta_slow=method.beta_slow, truncate=method.truncate)
         if method.attention_factor is not None:
             out["attention_factor"] = float(method.attention_factor)
     elif name == "llama3":
