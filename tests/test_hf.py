@@ -98,8 +98,9 @@ ROPE_SCALING = {
     "yarn": ({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16}, "yarn"),
     "yarn-betas-mscale": ({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16,
                            "beta_fast": 16, "beta_slow": 2, "mscale": 0.8, "mscale_all_dim": 0.5}, "yarn"),
+    # beta_slow 0.5 puts the ramp's upper end at pair 1.41 for head_dim 16, L 16: rounding it changes pair 1
     "yarn-untruncated": ({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16,
-                          "truncate": False}, "yarn"),
+                          "beta_slow": 0.5, "truncate": False}, "yarn"),
     "llama3": ({"rope_type": "llama3", "factor": 4.0, "original_max_position_embeddings": 16,
                 "low_freq_factor": 1.0, "high_freq_factor": 4.0}, "llama3"),
     "longrope": ({"rope_type": "longrope", "factor": 4.0, "original_max_position_embeddings": 16,
@@ -244,7 +245,7 @@ EXPORTABLE = {
     "pi": {"name": "pi", "factor": 2.0},
     "dynamic_ntk": {"name": "dynamic_ntk", "factor": 2.0},
     "yarn": {"name": "yarn", "factor": 4.0, "beta_fast": 16, "beta_slow": 2},
-    "yarn-untruncated": {"name": "yarn", "factor": 4.0, "truncate": False},
+    "yarn-untruncated": {"name": "yarn", "factor": 4.0, "beta_slow": 0.5, "truncate": False},
     "llama3": {"name": "llama3", "factor": 4.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0},
     "longrope": {"name": "longrope", "factor": 4.0, "long_factor": [1.0 + 0.7 * i for i in range(8)]},
 }
