@@ -403,3 +403,19 @@ def test_hf_lit_is_a_lightning_module_with_the_weights_once(tmp_path, tied):
     assert sum(len(g["params"]) for g in opt.param_groups) == len(params)
     tuned = hf_lit(directory, scaling={"name": "yarn", "factor": 2.0}, max_steps=5)
     assert tuned.model.scaling.name == "yarn" and tuned.hparams["scaling"]["name"] == "yarn"
+
+
+def test_hf_checkpoint_reads_like_a_rope_lm_checkpoint(tmp_path):
+    """hf_checkpoint has the keys init_from reads from torch.load(ckpt); a
+    model built from its hyper_parameters and given its 'model.' weights is
+    the transformers model."""
+    from rope_lm.hf import hf_checkpoint
+
+    directory, theirs = save_hf(tmp_path, "mistral", tie_word_embeddings=True)
+    saved = hf_checkpoint(directory)
+    hp = saved["hyper_parameters"]
+    weights = {k[len("model."):]: v for k, v in saved["state_dict"].items() if k.startswith("model.")}
+    model = build_model(hp["model"], hp["pos"], hp["scaling"], hp["vocab_size"], hp["train_len"]).eval()
+    model.load_state_dict(weights)
+    assert_parity(model, theirs, (24, 48), "hf_checkpoint")
+    assert saved["tokenizer_json"] is None

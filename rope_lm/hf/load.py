@@ -139,3 +139,15 @@ def hf_lit(path_or_name: str, optim: dict | None = None, max_steps: int = 0, sca
         lit.model.lm_head.weight = lit.model.wte.weight
     lit.tokenizer_json = tokenizer_json
     return lit
+
+
+def hf_checkpoint(path_or_name: str, dtype: torch.dtype = torch.float32, sliding_window: str = "auto") -> dict:
+    """A transformers model in the shape torch.load gives a rope-lm Lightning
+    checkpoint: {'hyper_parameters': {model, pos, scaling, vocab_size,
+    train_len}, 'state_dict': {'model.<name>': tensor}, 'tokenizer_json'},
+    so code that reads a checkpoint's weights and settings (init_from) reads
+    a transformers model unchanged. The tensors are the loaded model's own
+    (no copy)."""
+    model, tokenizer_json, hparams = hf_init(path_or_name, dtype, sliding_window)
+    return {"hyper_parameters": hparams, "tokenizer_json": tokenizer_json,
+            "state_dict": {f"model.{k}": v for k, v in model.state_dict().items()}}
