@@ -14,6 +14,12 @@
   mask, softmax, values. Also blocked over queries. Every other path must
   agree with it (tests/test_attention.py).
 
+Grouped-query attention: k and v may carry fewer heads than q (a divisor of
+them). Every entry point repeats each key/value head over its group of
+query heads (match_heads) before the scheme sees them, so positional schemes
+with per-head parameters (ALiBi slopes, T5 buckets, ...) act on query heads
+and every kernel computes exactly the same thing as with full heads.
+
 ``auto``: explicit where content-position terms or a two-pass position map
 require it; flex on CUDA for a bias or a window; sdpa otherwise, CPU
 included. On CPU, compiled flex spends 6-30 s compiling per new sequence
@@ -86,8 +92,24 @@ def _base_score_mod():
     return PositionalScheme.score_mod
 
 
+def match_heads(q, *kv):
+    """k, v (B, Hkv, T, D) repeated to q's H heads; query head h reads
+    key/value head h // (H / Hkv), the grouping of Llama and transformers."""
+    H = q.shape[1]
+    out = []
+    for t in kv:
+        if t.shape[1] != H:
+            if H % t.shape[1]:
+                raise ValueError(f"{t.shape[1]} key/value heads cannot serve {H} query heads.")
+            t = t.repeat_interleave(H // t.shape[1], dim=1)
+        out.append(t)
+    return out
+
+
 def attend(q, k, v, scheme, layer, pos, plan: AttnPlan, ctx, kernel: str = "auto"):
-    """q, k, v: (B, H, T, D) before any rotation; returns (B, H, T, D)."""
+    """q (B, H, T, D), k and v (B, H or a divisor of H, T, D) before any
+    rotation; returns (B, H, T, D)."""
+    k, v = match_heads(q, k, v)
     needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
     kernel = choose_kernel(kernel, scheme, plan, q.device, needs_grad)
     if kernel == "explicit":
@@ -118,6 +140,7 @@ def _mask(T_q0, T_q1, T_k, plan, device):
 
 
 def sdpa_path(q, k, v, scheme, layer, pos, plan, ctx):
+    k, v = match_heads(q, k, v)
     B, H, T, D = q.shape
     if not scheme.has_bias and not plan.window:
         return F.scaled_dot_product_attention(q, k, v, is_causal=True)
@@ -183,11 +206,13 @@ def _block_probs(prepared, scheme, layer, pos, plan, ctx, s, e):
 
 def attention_probs(q, k, scheme, layer, pos, plan, ctx) -> torch.Tensor:
     """(B, H, T, T) float32 probabilities of the explicit path, for diagnostics."""
+    (k,) = match_heads(q, k)
     T = q.shape[2]
     return _block_probs(_prepare(q, k, scheme, layer, pos, plan, ctx), scheme, layer, pos, plan, ctx, 0, T)
 
 
 def explicit_attention(q, k, v, scheme, layer, pos, plan, ctx):
+    k, v = match_heads(q, k, v)
     B, H, T, D = q.shape
     prepared = _prepare(q, k, scheme, layer, pos, plan, ctx)
     out = []
@@ -233,6 +258,7 @@ def flex_path(q, k, v, scheme, layer, pos, plan, ctx, compiled: bool = True):
     """Flex attention on rotated, scaled q and k; None when it cannot run
     here (the scheme offers no score_mod for these positions, or compiling
     failed), and the caller falls back to sdpa."""
+    k, v = match_heads(q, k, v)
     score_mod = None
     if scheme.has_bias:
         score_mod = scheme.score_mod(layer, pos, ctx)

@@ -94,16 +94,21 @@ def correction_dim(rot_dim: int, base: float, train_len: float, rotations: float
     return rot_dim * math.log(train_len / (rotations * 2 * math.pi)) / (2 * math.log(base))
 
 
-def ramp_mix(rot_dim: int, base: float, train_len: float, s: float, beta_fast: float, beta_slow: float):
+def ramp_mix(rot_dim: int, base: float, train_len: float, s: float, beta_fast: float, beta_slow: float,
+             truncate: bool = True):
     """NTK-by-parts frequencies (YaRN paper, eq. 18-19): pairs that turn more
     than beta_fast times within L keep their frequency, pairs that turn fewer
     than beta_slow times are interpolated (/ s), with a linear ramp between.
     As in the YaRN reference code and transformers, the ramp runs over pair
     indices between floor(i(beta_fast)) and ceil(i(beta_slow)), clipped to
-    [0, d - 1]."""
+    [0, d - 1]; truncate=False keeps the fractional ends (transformers'
+    YaRN `truncate: false`, gpt-oss)."""
     theta = plain_inv_freq(rot_dim, base)
-    low = max(math.floor(correction_dim(rot_dim, base, train_len, beta_fast)), 0)
-    high = min(math.ceil(correction_dim(rot_dim, base, train_len, beta_slow)), rot_dim - 1)
+    low = correction_dim(rot_dim, base, train_len, beta_fast)
+    high = correction_dim(rot_dim, base, train_len, beta_slow)
+    if truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, rot_dim - 1)
     if low == high:
         high += 0.001  # a one-index ramp is a step
     gamma = ((torch.arange(rot_dim // 2, dtype=torch.float64) - low) / (high - low)).clamp(0, 1)
@@ -123,11 +128,12 @@ def yarn_attention_factor(s: float) -> float:
 
 
 def yarn(rot_dim: int, base: float, train_len: float, target_len: float,
-         beta_fast: float = 32.0, beta_slow: float = 1.0, attention_factor: float | None = None):
+         beta_fast: float = 32.0, beta_slow: float = 1.0, attention_factor: float | None = None,
+         truncate: bool = True):
     """YaRN (Peng et al., 2023): NTK-by-parts plus the attention factor."""
     s = _scale(train_len, target_len)
     factor = yarn_attention_factor(s) if attention_factor is None else attention_factor
-    return _out(ramp_mix(rot_dim, base, train_len, s, beta_fast, beta_slow), factor)
+    return _out(ramp_mix(rot_dim, base, train_len, s, beta_fast, beta_slow, truncate), factor)
 
 
 def llama3(rot_dim: int, base: float, train_len: float, target_len: float,

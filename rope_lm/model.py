@@ -23,15 +23,47 @@ class ModelConfig:
     mlp_ratio: float = 4.0
     dropout: float = 0.0
     tie_embeddings: bool = True
-    bias: bool = False
+    bias: bool = False  # biases of the output projection and the MLP
     attention: str = "auto"  # one of attention.KERNELS
     tuned_len: int | None = None  # set by a fine-tune (init_from): see PosContext.tuned_len
+    # Llama-family options; the defaults build the original GPT-style model.
+    mlp: str = "gelu"  # gelu: fc -> GELU -> proj; swiglu: proj(SiLU(gate x) * fc x)
+    mlp_hidden: int | None = None  # hidden width; None: int(mlp_ratio * d_model)
+    n_kv_head: int | None = None  # key/value heads (grouped-query attention); None: n_head, 1: multi-query
+    head_dim: int | None = None  # None: d_model / n_head
+    norm_eps: float | None = None  # RMSNorm epsilon; None: torch's default (finfo(dtype).eps)
+    qkv_bias: bool | None = None  # bias on the q/k/v projection (Qwen2); None: same as `bias`
+
+    @property
+    def kv_heads(self) -> int:
+        return self.n_head if self.n_kv_head is None else self.n_kv_head
+
+    @property
+    def head_size(self) -> int:
+        return self.d_model // self.n_head if self.head_dim is None else self.head_dim
+
+    @property
+    def hidden_size(self) -> int:
+        return int(self.mlp_ratio * self.d_model) if self.mlp_hidden is None else self.mlp_hidden
 
     def validate(self):
         for key in ("vocab_size", "train_len", "n_layer", "n_head", "d_model"):
             if getattr(self, key) <= 0:
                 raise ConfigError(f"model setting {key}={getattr(self, key)} must be a positive integer.")
-        if self.d_model % self.n_head:
+        if self.mlp not in MLP_KINDS:
+            raise ConfigError(f"model.mlp={self.mlp!r} is not an MLP kind; use one of {', '.join(MLP_KINDS)}.")
+        for key in ("n_kv_head", "head_dim", "mlp_hidden"):
+            value = getattr(self, key)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
+                raise ConfigError(f"model.{key}={value!r} must be a positive integer or null.")
+        if self.n_head % self.kv_heads:
+            raise ConfigError(
+                f"model.n_kv_head={self.n_kv_head} must divide model.n_head={self.n_head}: each key/value head "
+                f"serves a whole group of query heads."
+            )
+        if self.norm_eps is not None and not (isinstance(self.norm_eps, (int, float)) and self.norm_eps > 0):
+            raise ConfigError(f"model.norm_eps={self.norm_eps!r} must be a positive number or null.")
+        if self.head_dim is None and self.d_model % self.n_head:
             raise ConfigError(
                 f"model.d_model={self.d_model} is not divisible by model.n_head={self.n_head}; "
                 f"the head dimension must be a whole number (e.g. d_model={self.n_head * max(1, self.d_model // self.n_head)})."
@@ -43,7 +75,7 @@ class ModelConfig:
                               f"within [0, 1).")
 
     def dims(self) -> Dims:
-        return Dims(self.d_model, self.n_head, self.d_model // self.n_head, self.n_layer, self.train_len)
+        return Dims(self.d_model, self.n_head, self.head_size, self.n_layer, self.train_len)
 
 
 def check_fit(cfg: ModelConfig, pos: dict, scaling: dict | None, length: int) -> None:
@@ -56,41 +88,56 @@ def check_fit(cfg: ModelConfig, pos: dict, scaling: dict | None, length: int) ->
     method.validate(length, scheme, cfg.train_len)
 
 
+MLP_KINDS = ("gelu", "swiglu")
+
+
 class MLP(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        hidden = int(cfg.mlp_ratio * cfg.d_model)
+        hidden = cfg.hidden_size
+        # gate is created first so that the GELU model keeps its parameter
+        # (and random-init) order when it has no gate.
+        self.gate = nn.Linear(cfg.d_model, hidden, bias=cfg.bias) if cfg.mlp == "swiglu" else None
         self.fc = nn.Linear(cfg.d_model, hidden, bias=cfg.bias)
         self.proj = nn.Linear(hidden, cfg.d_model, bias=cfg.bias)
         self.drop = nn.Dropout(cfg.dropout)
 
     def forward(self, x):
-        return self.drop(self.proj(F.gelu(self.fc(x))))
+        h = F.gelu(self.fc(x)) if self.gate is None else F.silu(self.gate(x)) * self.fc(x)
+        return self.drop(self.proj(h))
 
 
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int):
         super().__init__()
         self.layer = layer
-        self.n_head = cfg.n_head
+        self.n_head, self.n_kv_head, self.head_dim = cfg.n_head, cfg.kv_heads, cfg.head_size
         self.kernel = cfg.attention
-        self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=cfg.bias)
-        self.proj = nn.Linear(cfg.d_model, cfg.d_model, bias=cfg.bias)
+        # One fused projection, rows ordered [q heads | k heads | v heads].
+        qkv_bias = cfg.bias if cfg.qkv_bias is None else cfg.qkv_bias
+        self.qkv = nn.Linear(cfg.d_model, (cfg.n_head + 2 * self.n_kv_head) * self.head_dim, bias=qkv_bias)
+        self.proj = nn.Linear(cfg.n_head * self.head_dim, cfg.d_model, bias=cfg.bias)
         self.drop = nn.Dropout(cfg.dropout)
 
+    def split_qkv(self, x):
+        """x (B, T, C) -> q (B, H, T, D), k and v (B, Hkv, T, D), unrotated."""
+        B, T, _ = x.shape
+        H, Hkv, D = self.n_head, self.n_kv_head, self.head_dim
+        return self.qkv(x).view(B, T, H + 2 * Hkv, D).transpose(1, 2).split((H, Hkv, Hkv), dim=1)
+
     def forward(self, x, scheme, pos, plan, ctx):
-        B, T, C = x.shape
-        q, k, v = self.qkv(x).view(B, T, 3, self.n_head, C // self.n_head).permute(2, 0, 3, 1, 4)
+        B, T, _ = x.shape
+        q, k, v = self.split_qkv(x)
         y = attend(q, k, v, scheme, self.layer, pos, plan, ctx, self.kernel)
-        return self.drop(self.proj(y.transpose(1, 2).reshape(B, T, C)))
+        return self.drop(self.proj(y.transpose(1, 2).reshape(B, T, self.n_head * self.head_dim)))
 
 
 class Block(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int):
         super().__init__()
-        self.norm1 = nn.RMSNorm(cfg.d_model)
+        self.norm1 = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
         self.attn = Attention(cfg, layer)
-        self.norm2 = nn.RMSNorm(cfg.d_model)
+        self.norm2 = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
         self.mlp = MLP(cfg)
 
     def forward(self, x, scheme, pos, plan, ctx):
@@ -108,7 +155,7 @@ class TransformerLM(nn.Module):
         self.wte = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.drop = nn.Dropout(cfg.dropout)
         self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layer))
-        self.norm = nn.RMSNorm(cfg.d_model)
+        self.norm = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:
             self.lm_head.weight = self.wte.weight

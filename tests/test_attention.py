@@ -326,3 +326,34 @@ def test_distance_bias_is_built_once_per_forward_and_shared_where_parameters_are
             with torch.no_grad():
                 model(torch.randint(0, 50, (1, 20)))
         assert calls == ([0, 1, 2] if per_layer else [0]), name
+
+
+@pytest.mark.parametrize("kv_heads", [1, 2])
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("name", SCHEMES.names())
+def test_grouped_key_value_heads_match_repeated_heads_on_every_path(name, case, kv_heads, flex_backward_on_cpu,
+                                                                   monkeypatch):
+    """k, v with fewer heads (GQA; 1 = MQA) give, on every kernel, exactly
+    what full-head k, v give when each key/value head is copied to its group
+    of query heads (h // group), gradients summed back over the group."""
+    plan, kind = CASES[case]
+    scheme, pos = make_scheme(name), positions(kind)
+    group = DIMS.n_head // kv_heads
+    torch.manual_seed(2)
+    q = torch.randn(B, DIMS.n_head, T, DIMS.head_dim, requires_grad=True)
+    k, v = (torch.randn(B, kv_heads, T, DIMS.head_dim, requires_grad=True) for _ in range(2))
+    weights = torch.randn(B, DIMS.n_head, T, DIMS.head_dim)
+    k_full, v_full = (t.detach().repeat_interleave(group, dim=1).requires_grad_() for t in (k, v))
+    ref = run("explicit", scheme, q, k_full, v_full, pos, plan)
+    ref_grads = torch.autograd.grad((ref * weights).sum(), [q, k_full, v_full])
+    ref_grads = (ref_grads[0], *(g.view(B, kv_heads, group, T, -1).sum(2) for g in ref_grads[1:]))
+    kernels = ["explicit", "auto", *["flex-eager" if k == "flex" else k for k in kernels_of(name)]]
+    for blocked in (False, True):
+        if blocked:  # many query blocks, each slicing the repeated keys
+            monkeypatch.setattr(attention, "MAX_SCORE_ELEMENTS", B * DIMS.n_head * T * 4)
+            kernels = [k for k in kernels if k != "flex-eager"]
+        for kernel in kernels:
+            out = run(kernel, scheme, q, k, v, pos, plan)
+            grads = torch.autograd.grad((out * weights).sum(), [q, k, v])
+            assert_same(f"{name}/{kernel}/{case}/kv{kv_heads}/blocked={blocked}", (out.detach(), grads),
+                        (ref.detach(), ref_grads))

@@ -70,6 +70,14 @@ def test_band_methods_match_hf(rope_type, ours, band_keys, bands):
             assert_same(ours(d, base, L, L * s, *band), ref)
 
 
+def test_yarn_without_truncation_matches_hf():
+    for d, base, L, s in grid():
+        ref = hf("yarn", d, base, int(L * max(s, 2)), factor=s, original_max_position_embeddings=L, truncate=False)
+        assert_same(F.yarn(d, base, L, L * s, truncate=False), ref)
+    # the fractional ends matter: rounding them gives other frequencies
+    assert not torch.equal(F.yarn(64, 1e4, 256, 1024, truncate=False)[0], F.yarn(64, 1e4, 256, 1024)[0])
+
+
 def test_longrope_matches_hf_short_and_long():
     for d, base, L, s in grid():
         g = torch.Generator().manual_seed(d + L)

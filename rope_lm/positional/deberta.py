@@ -12,7 +12,13 @@ max_relative_positions, clipped to the table beyond.
 The 1/sqrt(3d) scale: the attention kernel divides q.k by sqrt(d) itself,
 so this scheme's rotate hook divides q by sqrt(3) (content term
 q.k/sqrt(3d)) and the two position terms are divided by sqrt(3d) here,
-exactly DeBERTa's scale for c2c + c2p + p2c. Not implemented: DeBERTa-v2's
+exactly DeBERTa's scale for c2c + c2p + p2c.
+
+``p2c``: which relative position the position-to-content term reads.
+``paper`` (default) is eq. (4)'s delta(j, i); ``released`` is delta(i, j),
+what Microsoft's DeBERTa code and transformers' DisentangledSelfAttention
+compute (they gather p2c at -r(j, i) = r(i, j)). The default and the reason
+are in docs/schemes.md. Not implemented: DeBERTa-v2's
 LayerNorm on P and its option to share the content projections.
 """
 
@@ -35,13 +41,21 @@ def log_bucket(distance: torch.Tensor, position_buckets: int, max_position: int)
     return torch.where(d <= mid, d.floor(), far).long()
 
 
+P2C = ("paper", "released")
+
+
 @SCHEMES.register("deberta")
 class DeBERTa(PositionalScheme):
     family = "relative"
     has_content_terms = True
 
-    def __init__(self, dims, position_buckets: int = 256, max_relative_positions: int = 512, init_std: float = 0.02):
+    def __init__(self, dims, position_buckets: int = 256, max_relative_positions: int = 512, init_std: float = 0.02,
+                 p2c: str = "paper"):
         super().__init__(dims)
+        if p2c not in P2C:
+            raise ConfigError(f"pos.p2c={p2c!r}: use paper (delta(j, i), eq. 4) or released (delta(i, j), as "
+                              f"Microsoft's code and transformers).")
+        self.p2c = p2c
         if not isinstance(position_buckets, int) or position_buckets < 4:
             raise ConfigError(f"pos.position_buckets={position_buckets!r} must be an integer >= 4.")
         if not isinstance(max_relative_positions, int) or max_relative_positions <= position_buckets // 2 + 1:
@@ -59,11 +73,13 @@ class DeBERTa(PositionalScheme):
         return q / math.sqrt(3.0), k
 
     def indices(self, q_pos, k_pos):
-        """c2p row delta(i, j) and p2c row delta(j, i), each (Tq, Tk)."""
+        """c2p row delta(i, j) and p2c row (delta(j, i), or delta(i, j) when
+        p2c=released), each (Tq, Tk)."""
         values, index = distinct_distances(q_pos, k_pos)
         bucket = log_bucket(values, self.k, self.max_position)[index]
         top = 2 * self.k - 1
-        return (bucket + self.k).clamp(0, top), (self.k - bucket).clamp(0, top)
+        c2p = (bucket + self.k).clamp(0, top)
+        return c2p, c2p if self.p2c == "released" else (self.k - bucket).clamp(0, top)
 
     def projected(self, weight, layer, dtype):
         H, D = self.dims.n_head, self.dims.head_dim

@@ -197,15 +197,18 @@ class YaRN(RampMethod):
     overrides it."""
 
     def __init__(self, factor="auto", beta_fast: float = 32.0, beta_slow: float = 1.0,
-                 attention_factor: float | None = None, **common):
+                 attention_factor: float | None = None, truncate: bool = True, **common):
         super().__init__(factor, beta_fast, beta_slow, **common)
+        if not isinstance(truncate, bool):
+            raise ConfigError(f"scaling.truncate={truncate!r} must be true or false.")
+        self.truncate = truncate
         if attention_factor is not None and (isinstance(attention_factor, bool) or not isinstance(attention_factor, (int, float)) or attention_factor <= 0):
             raise ConfigError(f"scaling.attention_factor={attention_factor!r} must be a positive number or null (YaRN's 0.1 ln s + 1).")
         self.attention_factor = attention_factor
 
     def compute(self, rot_dim, base, ctx):
         return F.yarn(rot_dim, base, ctx.train_len, self.target_len(ctx), self.beta_fast, self.beta_slow,
-                      self.attention_factor)
+                      self.attention_factor, self.truncate)
 
 
 @METHODS.register("llama3")

@@ -1,0 +1,12 @@
+"""Hugging Face interchange for the Llama family (docs/pretrained.md).
+
+config.py maps config.json to rope-lm settings and back, weights.py streams
+safetensors in and out under the parameter-name map, load.py and export.py
+are the entry points.
+"""
+
+from rope_lm.hf.config import FAMILIES, UNSUPPORTED
+from rope_lm.hf.export import export_checkpoint, export_hf
+from rope_lm.hf.load import HFInfo, hf_checkpoint, hf_init, hf_lit, load_hf
+
+__all__ = ["FAMILIES", "UNSUPPORTED", "HFInfo", "export_checkpoint", "export_hf", "hf_checkpoint", "hf_init", "hf_lit", "load_hf"]

@@ -1,0 +1,153 @@
+"""load_hf: a transformers checkpoint as a rope-lm TransformerLM."""
+
+from dataclasses import dataclass, field
+import json
+import os
+
+import torch
+
+from rope_lm.errors import ConfigError
+from rope_lm.hf.config import settings_from_hf
+from rope_lm.hf.weights import load_weights
+
+
+@dataclass
+class HFInfo:
+    """Where a model came from and how it was mapped."""
+
+    directory: str
+    family: str  # llama | mistral | qwen2
+    architecture: str
+    settings: dict  # {'model', 'pos', 'scaling', 'train_len', 'vocab_size', ...}: build_model's arguments
+    tokenizer_json: str | None  # the text of tokenizer.json, None when the directory has none
+    max_position_embeddings: int
+    notes: list[str] = field(default_factory=list)
+
+
+def resolve(path_or_name: str, revision: str | None = None) -> str:
+    """A local directory as given, else a hub name downloaded (config,
+    safetensors and tokenizer files only) into the Hugging Face cache."""
+    if os.path.isdir(path_or_name):
+        return path_or_name
+    if os.path.exists(path_or_name) or path_or_name.count("/") != 1:
+        raise ConfigError(f"hf={path_or_name!r} is neither a model directory nor a hub name (owner/name).")
+    try:
+        from huggingface_hub import snapshot_download
+
+        return snapshot_download(path_or_name, revision=revision,
+                                 allow_patterns=["config.json", "*.safetensors", "model.safetensors.index.json",
+                                                 "tokenizer.json", "tokenizer_config.json"])
+    except Exception as e:  # no network, unknown repo, gated model: one message for the user
+        raise ConfigError(f"Could not download {path_or_name!r} from the Hugging Face hub ({type(e).__name__}: "
+                          f"{str(e).splitlines()[0] if str(e) else ''}); pass a local directory instead.") from None
+
+
+def read_config(directory: str) -> dict:
+    path = os.path.join(directory, "config.json")
+    if not os.path.exists(path):
+        raise ConfigError(f"{directory} has no config.json; is it a transformers model directory?")
+    with open(path) as f:
+        return json.load(f)
+
+
+def build_empty(settings: dict, dtype: torch.dtype):
+    """The model with parameters allocated but not initialised: built on the
+    meta device (no random init of weights about to be overwritten), then
+    given real storage once, in the target dtype. The positional scheme is
+    rebuilt on the CPU since its buffers are computed, not loaded."""
+    from rope_lm.model import build_model
+    from rope_lm.positional import build_scheme
+
+    with torch.device("meta"):
+        model = build_model(settings["model"], settings["pos"], settings["scaling"], settings["vocab_size"],
+                            settings["train_len"])
+    model = model.to(dtype).to_empty(device="cpu")
+    model.pos_scheme = build_scheme(settings["pos"], model.pos_scheme.dims)
+    if model.cfg.tie_embeddings:  # to_empty gives each parameter its own storage
+        model.lm_head.weight = model.wte.weight
+    return model
+
+
+def load_hf(path_or_name: str, dtype: torch.dtype = torch.float32, sliding_window: str = "auto",
+            revision: str | None = None):
+    """(TransformerLM in eval mode, tokenizers.Tokenizer or None, HFInfo) for a
+    LlamaForCausalLM / MistralForCausalLM / Qwen2ForCausalLM directory or hub
+    name. The model runs under the method that reproduces the checkpoint's
+    rope_scaling; model.set_scaling() swaps in any other. sliding_window:
+    'auto' maps Mistral's window to rope-lm's `window` method, 'ignore' loads
+    full attention (exact up to the window's length)."""
+    if sliding_window not in ("auto", "ignore"):
+        raise ConfigError(f"sliding_window={sliding_window!r}: use auto or ignore.")
+    directory = resolve(path_or_name, revision)
+    config = read_config(directory)
+    settings = settings_from_hf(config, sliding_window)
+    model = build_empty(settings, dtype)
+    load_weights(model, directory)
+    model.eval()
+    tokenizer, tokenizer_json = None, None
+    tok_path = os.path.join(directory, "tokenizer.json")
+    notes = []
+    if os.path.exists(tok_path):
+        from tokenizers import Tokenizer
+
+        with open(tok_path, encoding="utf-8") as f:
+            tokenizer_json = f.read()
+        tokenizer = Tokenizer.from_str(tokenizer_json)
+    else:
+        notes.append("no tokenizer.json: evaluate on pre-tokenized data or give data.tokenizer_file")
+    if settings["scaling"]["name"] == "window":
+        notes.append(f"sliding window {settings['scaling']['window']} mapped to scaling=window; another method "
+                     f"replaces it (full attention)")
+    info = HFInfo(directory=directory, family=settings["family"], architecture=config["architectures"][0],
+                  settings=settings, tokenizer_json=tokenizer_json,
+                  max_position_embeddings=settings["max_position_embeddings"], notes=notes)
+    return model, tokenizer, info
+
+
+def hf_init(path_or_name: str, dtype: torch.dtype = torch.float32, sliding_window: str = "auto"):
+    """What a fine-tune from a transformers model needs, in the shape of a
+    rope-lm checkpoint: (model, tokenizer_json, hparams), hparams holding the
+    LitLM arguments that describe the model (model, pos, scaling,
+    vocab_size, train_len). A fine-tune builds LitLM(**hparams, optim=...,
+    max_steps=..., scaling=<its method>) and loads model.state_dict() into
+    lit.model, as init_from does with a rope-lm checkpoint."""
+    model, _, info = load_hf(path_or_name, dtype, sliding_window)
+    s = info.settings
+    hparams = {"model": s["model"], "pos": s["pos"], "scaling": s["scaling"], "vocab_size": s["vocab_size"],
+               "train_len": s["train_len"]}
+    return model, info.tokenizer_json, hparams
+
+
+def hf_lit(path_or_name: str, optim: dict | None = None, max_steps: int = 0, scaling: dict | None = None,
+           dtype: torch.dtype = torch.float32, sliding_window: str = "auto", **lit_options):
+    """A LitLM holding a transformers model's weights, with its tokenizer
+    (lit.tokenizer_json), ready to evaluate or fine-tune where a rope-lm
+    checkpoint's LitLM would be: `scaling` (a conf/scaling dict) replaces
+    the checkpoint's own method, `optim` / `max_steps` / `lit_options` are
+    LitLM's arguments. The LitLM is built on the meta device and takes the
+    loaded tensors as its parameters, so the weights exist once."""
+    from rope_lm.lit import LitLM
+
+    model, tokenizer_json, hparams = hf_init(path_or_name, dtype, sliding_window)
+    if scaling is not None:
+        hparams["scaling"] = scaling
+    with torch.device("meta"):
+        lit = LitLM(**hparams, optim=optim or {}, max_steps=max_steps, **lit_options)
+    lit.model.load_state_dict(model.state_dict(), assign=True)
+    lit.model.pos_scheme = model.pos_scheme  # computed buffers, not in the state dict
+    if lit.model.cfg.tie_embeddings:  # assign gives the two names separate Parameter objects
+        lit.model.lm_head.weight = lit.model.wte.weight
+    lit.tokenizer_json = tokenizer_json
+    return lit
+
+
+def hf_checkpoint(path_or_name: str, dtype: torch.dtype = torch.float32, sliding_window: str = "auto") -> dict:
+    """A transformers model in the shape torch.load gives a rope-lm Lightning
+    checkpoint: {'hyper_parameters': {model, pos, scaling, vocab_size,
+    train_len}, 'state_dict': {'model.<name>': tensor}, 'tokenizer_json'},
+    so code that reads a checkpoint's weights and settings (init_from) reads
+    a transformers model unchanged. The tensors are the loaded model's own
+    (no copy)."""
+    model, tokenizer_json, hparams = hf_init(path_or_name, dtype, sliding_window)
+    return {"hyper_parameters": hparams, "tokenizer_json": tokenizer_json,
+            "state_dict": {f"model.{k}": v for k, v in model.state_dict().items()}}
