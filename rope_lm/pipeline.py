@@ -157,6 +157,9 @@ def train_and_evaluate(run: RunConfig | dict, out_dir: str, logger=None) -> dict
     # The split must serve the evaluation protocol (enough tokens, or documents long enough) before training.
     eval_summary(run.eval, len(cache.tokens(run.eval.split)), cache.doc_starts(run.eval.split), data_cfg.seq_len)
     datamodule = LMDataModule(cache, data_cfg, run.seed, run.trainer.lightning.get("accumulate_grad_batches") or 1)
+    if init:  # a fine-tune runs the checkpoint's architecture (an imported model's own, for init_from=hf:)
+        settings = {"model": init["model"], "pos": init["pos"], "scaling": init["scaling"]}
+        run = dataclasses.replace(run, **settings, raw={**run.raw, **settings})
     hparams = dict(model=run.model, pos=run.pos, scaling=run.scaling, optim=run.raw.get("optim") or {},
                    vocab_size=cache.vocab_size, train_len=data_cfg.seq_len, max_steps=run.trainer.max_steps,
                    corpus=cache.corpus, data=run.raw.get("data") or {}, compile=run.trainer.compile,
@@ -351,19 +354,26 @@ def _metric(trainer, key):
 
 # --- evaluating a checkpoint ------------------------------------------------------
 
-def evaluate_checkpoint(ckpt_path: str, methods: list[dict], eval_options: dict, data_overrides: dict,
-                        out_dir: str | None = None, device: str = "auto") -> dict:
-    """Re-use a trained checkpoint: ppl@L under each extrapolation method, one
-    table and one plot, in a new folder (default: <run>/eval/<methods>/,
-    numbered if taken); a folder that holds results already is refused. The
-    corpus defaults to the checkpoint's own, tokenized with the tokenizer
-    stored in the checkpoint."""
+def evaluate_checkpoint(ckpt_path: str | None, methods: list[dict], eval_options: dict, data_overrides: dict,
+                        out_dir: str | None = None, device: str = "auto", hf: str | None = None) -> dict:
+    """Re-use a trained checkpoint (or, with hf=, a transformers Llama-family
+    model by local folder or hub name): ppl@L under each extrapolation method,
+    one table and one plot, in a new folder (default: <run>/eval/<methods>/,
+    or outputs/eval/<model>/<methods>/ for hf=, numbered if taken); a folder
+    that holds results already is refused. The corpus defaults to the
+    checkpoint's own (data.* for an imported model), tokenized with the
+    tokenizer the model carries."""
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     eval_cfg = typed_dataclass(EvalConfig, eval_options, "eval.", "eval")
     data_overrides = typed(data_overrides or {}, DATA_ANNOTATIONS, "data.", "data")
     methods = [typed_component(METHODS, m or {"name": "none"}, "scaling") for m in methods]
-    lit, ckpt_path = load_checkpoint(ckpt_path, device)
+    if hf:
+        from rope_lm.hf import hf_lit
+
+        lit, ckpt_path = hf_lit(hf).to(device).eval(), f"hf:{hf}"
+    else:
+        lit, ckpt_path = load_checkpoint(ckpt_path, device)
     hp = lit.hparams
     model = lit.model
     lengths = eval_cfg.resolve_lengths(model.cfg.train_len)
@@ -371,10 +381,14 @@ def evaluate_checkpoint(ckpt_path: str, methods: list[dict], eval_options: dict,
         model.set_scaling(options)
         model.validate_length(max(lengths))
     labels = [method_label(m) for m in methods]
-    out_dir = evaluation_dir(ckpt_path, labels) if out_dir is None else refuse_taken(out_dir)
+    if out_dir is None:
+        home = os.path.join("outputs", "eval", hf.strip("/").replace("/", "--")) if hf else None
+        out_dir = evaluation_dir(ckpt_path, labels, home)
+    else:
+        out_dir = refuse_taken(out_dir)
     check_writable(out_dir)
     cache, data_options = checkpoint_cache(lit, data_overrides, out_dir)
-    config = {"ckpt_path": os.path.abspath(ckpt_path), "model": hp["model"], "pos": hp["pos"],
+    config = {"ckpt_path": ckpt_path if hf else os.path.abspath(ckpt_path), "model": hp["model"], "pos": hp["pos"],
               "trained_scaling": hp.get("scaling"), "data": data_options, "eval": eval_options,
               "methods": methods}
     results = new_results(config, cache.corpus, model.cfg.train_len, hp["pos"]["name"])
@@ -382,11 +396,13 @@ def evaluate_checkpoint(ckpt_path: str, methods: list[dict], eval_options: dict,
     return evaluate_and_report(model, cache, eval_cfg, methods, out_dir, results)
 
 
-def evaluation_dir(ckpt_path: str, labels: list[str]) -> str:
-    """<run>/eval/<labels>[-N]: a new folder beside the run's own files."""
-    ckpt_dir = os.path.dirname(os.path.abspath(ckpt_path))
-    run = os.path.dirname(ckpt_dir) if os.path.basename(ckpt_dir) == "checkpoints" else ckpt_dir
-    base = os.path.join(run, "eval", "-".join(labels)[:80] or "none")
+def evaluation_dir(ckpt_path: str, labels: list[str], home: str | None = None) -> str:
+    """<run>/eval/<labels>[-N] (or <home>/<labels>[-N]): a new folder beside the run's own files."""
+    if home is None:
+        ckpt_dir = os.path.dirname(os.path.abspath(ckpt_path))
+        run = os.path.dirname(ckpt_dir) if os.path.basename(ckpt_dir) == "checkpoints" else ckpt_dir
+        home = os.path.join(run, "eval")
+    base = os.path.join(home, "-".join(labels)[:80] or "none")
     path, n = base, 1
     while os.path.exists(path):
         n += 1
@@ -440,8 +456,11 @@ def load_init_from(run: RunConfig, out_dir: str) -> dict:
     before any data or training work. Returns what `apply_init_from` needs,
     with data_cfg switched to that tokenizer."""
     given = run.init_from
-    path = resolve_checkpoint(given, "init_from")
-    saved = read_checkpoint(path)
+    if given.startswith("hf:"):
+        run, path, saved = _hf_start(run, given[len("hf:"):])
+    else:
+        path = resolve_checkpoint(given, "init_from")
+        saved = read_checkpoint(path)
     hp = dict(saved["hyper_parameters"])
     weights = {k[len("model."):]: v for k, v in saved["state_dict"].items() if k.startswith("model.")}
     diffs = [f"pos.{k}: checkpoint {hp['pos'].get(k)!r}, this run {run.pos.get(k)!r}"
@@ -472,7 +491,21 @@ def load_init_from(run: RunConfig, out_dir: str) -> dict:
     log.info("Fine-tuning %s (trained at L=%d) at data.seq_len=%d", path, train_len, data_cfg.seq_len)
     tuned_len = max(data_cfg.seq_len, int(hp.get("tuned_len") or 0))
     return {"path": path, "train_len": train_len, "tuned_len": tuned_len, "vocab_size": vocab_size, "weights": weights,
-            "data_cfg": data_cfg}
+            "data_cfg": data_cfg, "model": run.model, "pos": run.pos, "scaling": run.scaling}
+
+
+def _hf_start(run: RunConfig, name: str):
+    """init_from=hf:<dir or hub name>: a transformers Llama/Mistral/Qwen2 model as
+    a start. Its architecture and RoPE come from its config.json (model.* and
+    pos.* of this run do not apply); scaling= chooses the method, and the
+    default `none` keeps the model's own rope_scaling."""
+    from rope_lm.hf import hf_checkpoint
+
+    saved = hf_checkpoint(name)
+    hp = saved["hyper_parameters"]
+    scaling = hp.get("scaling") if run.scaling.get("name") == "none" and not run.scaling.get("logn") else run.scaling
+    run = dataclasses.replace(run, model=hp["model"], pos=hp["pos"], scaling=scaling or {"name": "none"})
+    return run, f"hf:{name}", saved
 
 
 def init_from_hparams(init: dict, hparams: dict) -> None:

@@ -42,7 +42,7 @@ def load_group(group: str, name: str) -> dict:
 
 
 def parse(argv: list[str]) -> dict:
-    args = {"ckpt": None, "scaling": ["none"], "scaling_opts": {}, "eval": {}, "data": {}, "out": None, "device": "auto"}
+    args = {"hf": None, "ckpt": None, "scaling": ["none"], "scaling_opts": {}, "eval": {}, "data": {}, "out": None, "device": "auto"}
     for arg in argv:
         if "=" not in arg:
             raise ConfigError(f"Argument {arg!r} is not of the form key=value; see the usage at the top of scripts/eval_extrapolation.py.")
@@ -55,11 +55,11 @@ def parse(argv: list[str]) -> dict:
         elif key.startswith(("eval.", "data.")):
             group, sub = key.split(".", 1)
             args[group][sub] = parsed
-        elif key in ("ckpt", "out", "device"):
+        elif key in ("ckpt", "out", "device", "hf"):
             args[key] = value
         else:
             raise ConfigError(f"Unknown setting {key!r}; use ckpt=, scaling=, scaling.<key>=, eval.<key>=, data.<key>=, out= or device=.")
-    if not args["ckpt"]:
+    if not args["ckpt"] and not args["hf"]:
         raise ConfigError("ckpt= is required: a .ckpt file or a run directory with checkpoints/last.ckpt.")
     return args
 
@@ -106,7 +106,8 @@ def main(argv: list[str]):
     args = parse(argv)
     methods = scaling_methods(args["scaling"], args["scaling_opts"])
     eval_options = {**load_group("eval", "default"), **args["eval"]}
-    results = evaluate_checkpoint(args["ckpt"], methods, eval_options, args["data"], args["out"], args["device"])
+    results = evaluate_checkpoint(args["ckpt"], methods, eval_options, args["data"], args["out"], args["device"],
+                                  hf=args["hf"])
     out = results["out_dir"]
     print("\n" + open(os.path.join(out, RESULTS_MD)).read())
     print(f"Results: {out}/ (results.json, results.md, ppl_vs_length.png)")
