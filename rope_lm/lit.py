@@ -66,13 +66,22 @@ class LitLM(L.LightningModule):
     def forward(self, idx):
         return self.model(idx)
 
-    def _loss(self, batch):
+    @property
+    def compiled_forward(self):
+        """The CompiledForward that the loss runs through with compile=True
+        (its `compiled` and `reason` say whether torch.compile is in use), or
+        None without compile."""
+        return None if self._forward is self.model else self._forward
+
+    def loss(self, batch):
+        """Mean next-token cross-entropy of a batch (x, y), through the
+        compiled forward when there is one."""
         x, y = batch
         logits = self._forward(x)
         return F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
 
     def training_step(self, batch, batch_idx):
-        loss = self._loss(batch)
+        loss = self.loss(batch)
         # All ranks must agree, or one would skip a step the others take.
         finite = self.trainer.strategy.reduce_boolean_decision(bool(torch.isfinite(loss)), all=True)
         if not finite:
@@ -97,7 +106,7 @@ class LitLM(L.LightningModule):
         )
 
     def validation_step(self, batch, batch_idx):
-        loss = self._loss(batch)
+        loss = self.loss(batch)
         self.log("val/loss", loss, prog_bar=True, sync_dist=True)
 
     def on_validation_epoch_end(self):
@@ -106,18 +115,24 @@ class LitLM(L.LightningModule):
             self.log("val/ppl", torch.exp(loss), sync_dist=True)
 
     def configure_optimizers(self):
-        o = self.optim
-        decay = [p for p in self.model.parameters() if p.requires_grad and p.dim() >= 2]
-        no_decay = [p for p in self.model.parameters() if p.requires_grad and p.dim() < 2]
-        fused = torch.cuda.is_available() and all(p.is_cuda for p in decay) if decay else False
-        opt = torch.optim.AdamW(
-            [{"params": decay, "weight_decay": o.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-            lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps, **({"fused": True} if fused else {}),
-        )
-        sched = torch.optim.lr_scheduler.LambdaLR(
-            opt, lambda step: warmup_cosine(step, o.warmup_steps, self.max_steps, o.min_lr_ratio)
-        )
+        opt, sched = build_optimizer(self.model, self.optim, self.max_steps)
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+
+def build_optimizer(model: torch.nn.Module, o: OptimConfig, max_steps: int):
+    """(AdamW, per-step LR scheduler) as LitLM trains with: weight decay on
+    matrices only, warmup then cosine decay over max_steps; fused on CUDA.
+    Public so that a loop outside Lightning (benchmarks/) steps the same
+    optimizer."""
+    decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
+    fused = torch.cuda.is_available() and all(p.is_cuda for p in decay) if decay else False
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": o.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps, **({"fused": True} if fused else {}),
+    )
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: warmup_cosine(step, o.warmup_steps, max_steps, o.min_lr_ratio))
+    return opt, sched
 
 
 class TokensPerSecond(L.Callback):
