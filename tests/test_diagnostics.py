@@ -242,11 +242,11 @@ def test_every_script_has_help(script, tmp_path):
 
 
 @pytest.mark.parametrize("script,args,pattern", [
-    ("attention_entropy.py", ["windows=0"], "windows= and buckets= must be positive"),
-    ("passkey.py", ["batch_size=0"], "batch_size=0 must be at least 1"),
+    ("attention_entropy.py", ["ckpt=run", "windows=0"], "windows= and buckets= must be positive"),
+    ("passkey.py", ["ckpt=run", "batch_size=0"], "batch_size=0 must be at least 1"),
     ("pos_similarity.py", ["positions=1"], "positions=1 must be at least 2"),
     ("rope_decay.py", ["max_distance=0"], "max_distance=0 must be at least 1"),
-    ("eval_extrapolation.py", ["scaling=none,nosuch"], "scaling='nosuch' is not an option of the scaling config group"),
+    ("eval_extrapolation.py", ["ckpt=run", "scaling=none,nosuch"], "scaling='nosuch' is not an option of the scaling config group"),
     ("compare.py", [], "Give the runs to compare"),
     ("study_rope_scaling.py", ["run=/nonexistent/run"], "is not a checkpoint file"),
     ("study_finetune_extension.py", ["factor=1"], "factor=1: the fine-tune must be longer"),
