@@ -36,7 +36,6 @@ def main(cfg):
     if a["steps"] is not None and a["steps"] < 1:
         raise ConfigError(f"steps={a['steps']} must be at least 1.")
     out = study_dir("finetune_extension", a["out"])
-    os.makedirs(out, exist_ok=True)
     base = a["base"] or train(os.path.join(out, "base"), "rope_scaling", a["train"])
 
     lit, ckpt = load_checkpoint(base)

@@ -29,7 +29,6 @@ def main(cfg):
     if a["run"] and a["train"]:
         raise ConfigError("Training overrides do nothing with run= (the model is already trained); leave train= out.")
     out = study_dir("rope_scaling", a["out"])
-    os.makedirs(out, exist_ok=True)
     run = a["run"] or train(os.path.join(out, "train"), "rope_scaling", a["train"])
 
     lit, ckpt = load_checkpoint(run)
