@@ -101,7 +101,7 @@ def test_duplicate_labels_get_their_run_directory(tmp_path):
 def test_mixed_runs_are_refused(tmp_path, change, words):
     write_run(tmp_path / "s" / "a", "rope")
     write_run(tmp_path / "s" / "b", "alibi", **change)
-    with pytest.raises(ConfigError, match=f"differ in {words}.*--group"):
+    with pytest.raises(ConfigError, match=f"differ in {words}.*group=true"):
         compare([str(tmp_path / "s")], str(tmp_path / "o"))
     assert not (tmp_path / "o" / "compare.csv").exists()
 
