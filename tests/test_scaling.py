@@ -408,5 +408,6 @@ def test_eval_script_runs_several_methods_on_one_checkpoint(tiny_config, tmp_pat
     assert info["ntk+logn"]["logn"]["max_logit_scale"] == pytest.approx(math.log(64) / math.log(16))
     assert info["rerope"]["window"] == 4 and info["rerope"]["max_relative_position"] == 4
     assert info["pi"]["stretch_last"] == [4.0] * 4
-    with pytest.raises(ConfigError, match="none of the listed methods"):
-        eval_extrapolation.scaling_methods(["none", "pi"], {"beta_fast": 8})
+    done = subprocess.run([sys.executable, script, f"ckpt={run}", "scaling=none,pi", "scaling.beta_fast=8"],
+                          capture_output=True, text=True)
+    assert done.returncode == 2 and "none of the listed methods" in done.stderr and "Traceback" not in done.stderr
