@@ -2,7 +2,8 @@
 paragraph, Hydra jobs that fail without ending a sweep, and a sweep summary.
 
 This is the one module of rope_lm that knows Hydra (tests/test_architecture.py
-checks it); it reads no config file: each entry point names its own conf/.
+checks it); it reads no config file itself: each entry point names its own
+conf/, and group_options/group_config ask the Hydra that the entry point set up.
 """
 
 import atexit
@@ -138,3 +139,26 @@ class SweepSummary(Callback):
             reason = (j["error"] or "").replace("\n", " ")
             lines.append(f"  job {j['num']} [{' '.join(j['overrides'])}]: {reason}")
         print("\n".join(lines), file=sys.stderr)
+
+
+def group_options(group: str) -> list[str]:
+    """Names of the options of a config group (e.g. "scaling") in the config
+    search path of the running Hydra app (or of hydra.initialize)."""
+    from hydra.core.global_hydra import GlobalHydra
+
+    return sorted(GlobalHydra.instance().config_loader().get_group_options(group))
+
+
+def group_config(group: str, name: str) -> dict:
+    """One option of a config group as a plain dict, e.g. ("scaling", "yarn"):
+    what `<group>=<name>` selects for train.py. For an entry point that needs
+    several options of one group at once (one table of several methods)."""
+    import hydra
+    from omegaconf import OmegaConf
+
+    options = group_options(group)
+    if name not in options:
+        raise ConfigError(f"{group}={name!r} is not an option of the {group} config group; "
+                          f"valid options are {', '.join(options)}.")
+    cfg = hydra.compose(config_name=None, overrides=[f"+{group}={name}"])
+    return OmegaConf.to_container(cfg[group], resolve=True)

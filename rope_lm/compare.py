@@ -311,7 +311,7 @@ def group_runs(runs: list[Run], group: bool) -> list[Group]:
                                         ("evaluation protocol", {k.protocol for k in keys})) if len(vals) > 1]
         raise ConfigError(
             f"These runs differ in {' and '.join(diff)}, so their perplexities are not comparable in one table: "
-            f"{' '.join(parts)}. Compare runs of one setting, or pass --group for one table and plot per setting."
+            f"{' '.join(parts)}. Compare runs of one setting, or pass group=true for one table and plot per setting."
         )
     groups = [Group(k, [r for r in runs if r.key == k]) for k in keys]
     for g in groups:
@@ -629,7 +629,7 @@ def compare(paths: list[str], out_dir: str | None = None, group: bool = False, t
     try:
         os.makedirs(out_dir, exist_ok=True)
     except OSError as e:
-        raise ConfigError(f"Cannot create the output directory {out_dir} ({e.strerror}); pass --out to a writable place.") from None
+        raise ConfigError(f"Cannot create the output directory {out_dir} ({e.strerror}); pass out= a writable place.") from None
     title = title or f"Comparison: {study_name(paths, runs)}"
     rows = csv_rows(groups)
     files = {"markdown": os.path.join(out_dir, "compare.md"), "csv": os.path.join(out_dir, "compare.csv"), "plots": []}

@@ -19,27 +19,39 @@ import numpy as np
 import torch
 
 from rope_lm.attention import attention_probs
-from rope_lm.checkpointing import load_checkpoint, resolve_checkpoint  # noqa: F401  (public for the scripts)
+from rope_lm.checkpointing import load_checkpoint
 from rope_lm.errors import ConfigError
 from rope_lm.frequencies import inverse_frequencies
 
 
 # --- checkpoints and their data ---------------------------------------------------
 
-def load_model(path: str, scaling: str | None = None):
-    """(model, checkpoint path): a checkpoint's model, optionally under a
-    conf/scaling method instead of the one it was trained with."""
-    lit, ckpt = load_checkpoint(path)
+def load_model(path: str, scaling: dict | None = None, device: str = "cpu"):
+    """(model, checkpoint path): a checkpoint's model, optionally under another
+    extrapolation method (options as train.py's `scaling` group gives them)
+    instead of the one it was trained with."""
+    lit, ckpt = load_checkpoint(path, device)
     if scaling:
-        lit.model.set_scaling(load_scaling(scaling))
+        lit.model.set_scaling(scaling)
     return lit.model, ckpt
 
 
 def default_out_dir(ckpt: str, name: str) -> str:
-    """<run dir>/diagnostics/<name> for a checkpoint inside a run's checkpoints/."""
+    """<run dir>/diagnostics/<name> for a checkpoint inside a run's
+    checkpoints/ (else next to it), never one that already exists."""
     parent = os.path.dirname(os.path.abspath(ckpt))
     run_dir = os.path.dirname(parent) if os.path.basename(parent) == "checkpoints" else parent
-    return os.path.join(run_dir, "diagnostics", name)
+    return fresh_dir(os.path.join(run_dir, "diagnostics", name))
+
+
+def fresh_dir(path: str) -> str:
+    """path, or path_2, path_3, ... : the first that does not exist yet, so a
+    default output folder never overwrites an earlier result."""
+    candidate, n = path, 1
+    while os.path.exists(candidate):
+        n += 1
+        candidate = f"{path}_{n}"
+    return candidate
 
 
 def checkpoint_tokenizer(lit):
@@ -58,22 +70,6 @@ def checkpoint_tokens(lit, split: str, work_dir: str, data_overrides: dict | Non
     if split not in ("train", "valid", "test"):
         raise ConfigError(f"split={split!r} is not a split; use train, valid or test.")
     return checkpoint_cache(lit, data_overrides, work_dir)[0].tokens(split)
-
-
-def load_scaling(name: str | None, overrides: dict | None = None) -> dict | None:
-    """conf/scaling/<name>.yaml as a dict (None: the checkpoint's own method)."""
-    if not name:
-        return None
-    from omegaconf import OmegaConf
-
-    conf = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "conf", "scaling")
-    path = os.path.join(conf, f"{name}.yaml")
-    if not os.path.exists(path):
-        options = sorted(f[:-5] for f in os.listdir(conf) if f.endswith(".yaml"))
-        raise ConfigError(f"scaling {name!r} is not a config in conf/scaling/; valid options are {', '.join(options)}.")
-    cfg = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
-    cfg.pop("defaults", None)
-    return {**cfg, **(overrides or {})}
 
 
 # --- attention probabilities ------------------------------------------------------
@@ -364,7 +360,7 @@ def check_out_dir(path: str):
     try:
         os.makedirs(path, exist_ok=True)
     except OSError as e:
-        raise ConfigError(f"Cannot create the output directory {path} ({e.strerror}); pass --out to a writable place.") from None
+        raise ConfigError(f"Cannot create the output directory {path} ({e.strerror}); pass out= a writable place.") from None
 
 
 def json_safe(x):

@@ -67,7 +67,16 @@ class LitLM(L.LightningModule):
     def forward(self, idx):
         return self.model(idx)
 
-    def _loss(self, batch):
+    @property
+    def compiled_forward(self):
+        """The CompiledForward that the loss runs through with compile=True
+        (its `compiled` and `reason` say whether torch.compile is in use), or
+        None without compile."""
+        return None if self._forward is self.model else self._forward
+
+    def loss(self, batch):
+        """Mean next-token cross-entropy of a batch (x, y), through the
+        compiled forward when there is one."""
         x, y = batch
         if self._forward is self.model:
             # Chunked past CHUNK_TOKENS; the plain computation up to it.
@@ -76,7 +85,7 @@ class LitLM(L.LightningModule):
         return F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
 
     def training_step(self, batch, batch_idx):
-        loss = self._loss(batch)
+        loss = self.loss(batch)
         # All ranks must agree, or one would skip a step the others take.
         finite = self.trainer.strategy.reduce_boolean_decision(bool(torch.isfinite(loss)), all=True)
         if not finite:
@@ -101,7 +110,7 @@ class LitLM(L.LightningModule):
         )
 
     def validation_step(self, batch, batch_idx):
-        loss = self._loss(batch)
+        loss = self.loss(batch)
         self.log("val/loss", loss, prog_bar=True, sync_dist=True)
 
     def on_validation_epoch_end(self):
@@ -109,31 +118,35 @@ class LitLM(L.LightningModule):
         if loss is not None:
             self.log("val/ppl", torch.exp(loss), sync_dist=True)
 
-    def lr_factor(self, step: int) -> float:
-        o = self.optim
-        return warmup_cosine(step, o.warmup_steps, self.max_steps, o.min_lr_ratio)
-
     def on_train_start(self):
         # The optimizer state restored on resume carries the learning rate of the old plan; a run
         # extended to a new trainer.max_steps continues on the schedule re-planned over the new total
         # (README). Elsewhere (a new run, a resume at the same total) this rewrites the same values.
         for config in self.trainer.lr_scheduler_configs:
-            sched = config.scheduler
-            for group, base in zip(sched.optimizer.param_groups, sched.base_lrs):
-                group["lr"] = base * self.lr_factor(self.global_step)
+            sched = config.scheduler  # LambdaLR: lr = base_lr * lambda(step), as its own step() computes it
+            for group, base, factor in zip(sched.optimizer.param_groups, sched.base_lrs, sched.lr_lambdas):
+                group["lr"] = base * factor(self.global_step)
             sched._last_lr = [group["lr"] for group in sched.optimizer.param_groups]
 
     def configure_optimizers(self):
-        o = self.optim
-        decay = [p for p in self.model.parameters() if p.requires_grad and p.dim() >= 2]
-        no_decay = [p for p in self.model.parameters() if p.requires_grad and p.dim() < 2]
-        fused = torch.cuda.is_available() and all(p.is_cuda for p in decay) if decay else False
-        opt = torch.optim.AdamW(
-            [{"params": decay, "weight_decay": o.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-            lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps, **({"fused": True} if fused else {}),
-        )
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, self.lr_factor)
+        opt, sched = build_optimizer(self.model, self.optim, self.max_steps)
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+
+def build_optimizer(model: torch.nn.Module, o: OptimConfig, max_steps: int):
+    """(AdamW, per-step LR scheduler) as LitLM trains with: weight decay on
+    matrices only, warmup then cosine decay over max_steps; fused on CUDA.
+    Public so that a loop outside Lightning (benchmarks/) steps the same
+    optimizer."""
+    decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
+    fused = torch.cuda.is_available() and all(p.is_cuda for p in decay) if decay else False
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": o.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps, **({"fused": True} if fused else {}),
+    )
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: warmup_cosine(step, o.warmup_steps, max_steps, o.min_lr_ratio))
+    return opt, sched
 
 
 class TokensPerSecond(L.Callback):

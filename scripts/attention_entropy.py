@@ -1,61 +1,56 @@
 """Attention entropy per layer and head vs query position, inside and past the
-training length, for a trained checkpoint.
+training length, for a trained checkpoint. Settings and examples:
+python scripts/attention_entropy.py --help (conf/attention_entropy.yaml).
 
-    python scripts/attention_entropy.py outputs/<run dir>
-    python scripts/attention_entropy.py <run dir or .ckpt> --length 1024 --windows 8 --scaling yarn
-
-Windows of --length tokens come from the checkpoint's own corpus split
-(tokenized with its tokenizer). Writes attention_entropy.png and .json to
---out (default: <run dir>/diagnostics/attention_entropy[_<scaling>]).
+Windows of `length` tokens come from the checkpoint's own corpus split
+(tokenized with its tokenizer). Writes attention_entropy.png and .json to out=
+(default: a new <run dir>/diagnostics/attention_entropy[_<scaling>]).
 """
 
-import argparse
 import logging
 import os
-import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+import hydra
+from omegaconf import OmegaConf
 
-from rope_lm.cli import user_errors  # noqa: E402
-from rope_lm.errors import ConfigError  # noqa: E402
+from rope_lm.cli import hydra_task
+from rope_lm.errors import ConfigError
 
 
-def main(argv: list[str]):
+@hydra.main(config_path="../conf", config_name="attention_entropy", version_base="1.3")
+@hydra_task
+def main(cfg):
     import torch
 
     from rope_lm import diagnostics as D
+    from rope_lm.checkpointing import load_checkpoint
 
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("ckpt", help="a .ckpt file or a run directory (its checkpoints/last.ckpt)")
-    p.add_argument("--length", type=int, help="window length in tokens (default: 4 x the training length)")
-    p.add_argument("--windows", type=int, default=8, help="windows averaged over (default 8)")
-    p.add_argument("--split", default="test")
-    p.add_argument("--scaling", help="evaluate under this extrapolation method (a conf/scaling name; default: the checkpoint's own)")
-    p.add_argument("--buckets", type=int, default=64, help="position buckets in the JSON curves and plot")
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--out")
-    args = p.parse_args(argv)
-    if args.windows < 1 or args.buckets < 1 or (args.length is not None and args.length < 2):
-        raise ConfigError("--windows and --buckets must be positive and --length at least 2.")
+    logging.basicConfig(level=logging.INFO, format="[%(name)s] %(message)s")
+    a = OmegaConf.to_container(cfg, resolve=True)
+    if not a["ckpt"]:
+        raise ConfigError("ckpt= is required: a .ckpt file or a run directory with checkpoints/last.ckpt.")
+    if a["windows"] < 1 or a["buckets"] < 1 or (a["length"] is not None and a["length"] < 2):
+        raise ConfigError("windows= and buckets= must be positive and length= at least 2.")
 
-    lit, ckpt = D.load_checkpoint(args.ckpt, args.device)
+    lit, ckpt = load_checkpoint(a["ckpt"], a["device"])
     model = lit.model
-    if args.scaling:
-        model.set_scaling(D.load_scaling(args.scaling))
+    scaling = a.get("scaling")
+    if scaling:
+        model.set_scaling(scaling)
     train_len = model.cfg.train_len
-    T = args.length or 4 * train_len
+    T = a["length"] or 4 * train_len
     model.validate_length(T)
-    out = args.out or D.default_out_dir(ckpt, "attention_entropy" + (f"_{args.scaling}" if args.scaling else ""))
+    out = a["out"] or D.default_out_dir(ckpt, "attention_entropy" + (f"_{scaling['name']}" if scaling else ""))
     D.check_out_dir(out)
-    stream = D.checkpoint_tokens(lit, args.split, out)
-    need = args.windows * T + 1
+    stream = D.checkpoint_tokens(lit, a["split"], out)
+    n = a["windows"]
+    need = n * T + 1
     if len(stream) < need:
-        raise ConfigError(f"The {args.split} split has {len(stream)} tokens, fewer than {args.windows} windows of {T} need ({need}); lower --windows or --length.")
-    windows = torch.from_numpy(stream[: args.windows * T].astype("int64")).view(args.windows, T)
-    result = D.attention_entropy(model, windows, train_len, buckets=args.buckets)
+        raise ConfigError(f"The {a['split']} split has {len(stream)} tokens, fewer than {n} windows of {T} need ({need}); lower windows= or length=.")
+    windows = torch.from_numpy(stream[: n * T].astype("int64")).view(n, T)
+    result = D.attention_entropy(model, windows, train_len, buckets=a["buckets"])
     method = getattr(model.scaling, "label", model.scaling.name)
-    result.update(checkpoint=os.path.abspath(ckpt), scheme=model.pos_scheme.name, method=method, split=args.split)
+    result.update(checkpoint=os.path.abspath(ckpt), scheme=model.pos_scheme.name, method=method, split=a["split"])
     D.save_json(os.path.join(out, "attention_entropy.json"), result)
     D.plot_entropy(result, os.path.join(out, "attention_entropy.png"),
                    f"Attention entropy vs query position — {model.pos_scheme.name} + {method}, trained at {train_len}, "
@@ -69,6 +64,4 @@ def main(argv: list[str]):
 
 
 if __name__ == "__main__":
-    logging.basicConfig(level=logging.INFO, format="[%(name)s] %(message)s")
-    with user_errors():
-        main(sys.argv[1:])
+    main()

@@ -4,64 +4,58 @@ extrapolation methods, into one table and one plot.
     python scripts/eval_extrapolation.py ckpt=outputs/.../checkpoints/last.ckpt
     python scripts/eval_extrapolation.py ckpt=<run dir> scaling=none,pi,ntk,yarn eval.multipliers=[1,2,4,8]
     python scripts/eval_extrapolation.py ckpt=<run dir> scaling=yarn scaling.factor=4 out=outputs/eval/yarn4
-
     python scripts/eval_extrapolation.py ckpt=<run dir> scaling=none,ntk,ntk+logn,rerope scaling.rerope.window=32
+    python scripts/eval_extrapolation.py hf=HuggingFaceTB/SmolLM-135M scaling=none,yarn data.path=<texts>
 
-Settings use the same names as train.py: `scaling=a,b` names files of
-conf/scaling/ (docs/methods.md); `name+logn` adds log-n logit scaling to a
-method (label `name+logn`). `scaling.<key>=v` sets <key> for every listed
-method whose config has it, `scaling.<name>.<key>=v` for that method only.
-`eval.*` overrides conf/eval/default.yaml, `data.*` the checkpoint's own data
-settings (e.g. data.test_fraction), `device=cpu|cuda|auto`, `out=` the output
-folder.
+Settings use the same names as train.py: `scaling=a,b` names options of the
+conf/scaling group (docs/methods.md), all in one table; `name+logn` adds
+log-n logit scaling to a method (label `name+logn`). `scaling.<key>=v` sets
+<key> for every listed method whose config has it, `scaling.<name>.<key>=v`
+for that method only. `eval.*` overrides conf/eval/default.yaml, `data.*` the
+checkpoint's own data settings (e.g. data.test_fraction), `device=cpu|cuda|auto`,
+`out=` the output folder (default: a new folder inside the checkpoint's run).
+
+The command line is Hydra's override syntax, but this is not a @hydra.main
+app: there, `scaling=a,b` would mean a sweep of separate runs, while here it
+lists the rows of one table. The script composes conf/eval_extrapolation.yaml
+with Hydra's compose API and reads the methods from the scaling group.
 """
 
 import logging
-import os
 import sys
 
+from hydra import compose, initialize
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import HydraException
 from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+from rope_lm.cli import group_config, user_errors
+from rope_lm.errors import ConfigError
 
-from rope_lm.cli import user_errors  # noqa: E402
-from rope_lm.errors import ConfigError  # noqa: E402
-
-CONF = os.path.join(ROOT, "conf")
+CONFIG = "eval_extrapolation"
 
 
-def load_group(group: str, name: str) -> dict:
-    path = os.path.join(CONF, group, f"{name}.yaml")
-    if not os.path.exists(path):
-        options = sorted(f[:-5] for f in os.listdir(os.path.join(CONF, group)) if f.endswith(".yaml"))
-        raise ConfigError(f"{group}={name!r} is not a config in conf/{group}/; valid options are {', '.join(options)}.")
-    cfg = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
-    cfg.pop("defaults", None)
-    return cfg
-
-
-def parse(argv: list[str]) -> dict:
-    args = {"hf": None, "ckpt": None, "scaling": ["none"], "scaling_opts": {}, "eval": {}, "data": {}, "out": None, "device": "auto"}
-    for arg in argv:
-        if "=" not in arg:
-            raise ConfigError(f"Argument {arg!r} is not of the form key=value; see the usage at the top of scripts/eval_extrapolation.py.")
-        key, value = arg.split("=", 1)
-        parsed = OmegaConf.to_container(OmegaConf.from_dotlist([f"v={value}"]))["v"]
+def split_overrides(argv: list[str]) -> tuple[list[str], dict, dict, list[str]]:
+    """(method names, scaling.* settings, data.* settings, the other overrides)."""
+    try:
+        overrides = OverridesParser.create().parse_overrides(argv)
+    except HydraException as e:
+        raise ConfigError(" ".join(str(e).split())) from None
+    names, scaling, data, rest = ["none"], {}, {}, []
+    for o in overrides:
+        key = o.key_or_group
         if key == "scaling":
-            args["scaling"] = [v.strip() for v in str(value).split(",") if v.strip()]
+            names = list(o.sweep_string_iterator()) if o.is_sweep_override() else [o.get_value_element_as_str()]
         elif key.startswith("scaling."):
-            args["scaling_opts"][key.split(".", 1)[1]] = parsed
-        elif key.startswith(("eval.", "data.")):
-            group, sub = key.split(".", 1)
-            args[group][sub] = parsed
-        elif key in ("ckpt", "out", "device", "hf"):
-            args[key] = value
+            scaling[key.split(".", 1)[1]] = o.value()
+        elif key.startswith("data."):
+            data[key.split(".", 1)[1]] = o.value()
+        elif o.is_sweep_override():
+            raise ConfigError(f"{o.input_line}: only scaling= takes a list of values (the rows of the table).")
         else:
-            raise ConfigError(f"Unknown setting {key!r}; use ckpt=, scaling=, scaling.<key>=, eval.<key>=, data.<key>=, out= or device=.")
-    if not args["ckpt"] and not args["hf"]:
-        raise ConfigError("ckpt= is required: a .ckpt file or a run directory with checkpoints/last.ckpt.")
-    return args
+            rest.append(o.input_line)
+    return names, scaling, data, rest
 
 
 def scaling_methods(names: list[str], opts: dict) -> list[dict]:
@@ -71,7 +65,7 @@ def scaling_methods(names: list[str], opts: dict) -> list[dict]:
         base, plus, extra = entry.partition("+")
         if plus and extra != "logn":
             raise ConfigError(f"scaling entry {entry!r}: only `+logn` can be added to a method (e.g. ntk+logn).")
-        options = load_group("scaling", base)
+        options = group_config("scaling", base)
         if plus:
             options["logn"] = True
         methods.append(options)
@@ -99,18 +93,31 @@ def scaling_methods(names: list[str], opts: dict) -> list[dict]:
     return methods
 
 
+def settings(rest: list[str]) -> dict:
+    try:
+        return OmegaConf.to_container(compose(config_name=CONFIG, overrides=rest), resolve=True)
+    except (HydraException, OmegaConfBaseException) as e:
+        raise ConfigError(f"{' '.join(str(e).split())} (see python scripts/eval_extrapolation.py --help).") from None
+
+
 def main(argv: list[str]):
     from rope_lm.pipeline import evaluate_checkpoint
-    from rope_lm.report import RESULTS_MD
+    from rope_lm.report import markdown_table
 
-    args = parse(argv)
-    methods = scaling_methods(args["scaling"], args["scaling_opts"])
-    eval_options = {**load_group("eval", "default"), **args["eval"]}
-    results = evaluate_checkpoint(args["ckpt"], methods, eval_options, args["data"], args["out"], args["device"],
-                                  hf=args["hf"])
-    out = results["out_dir"]
-    print("\n" + open(os.path.join(out, RESULTS_MD)).read())
-    print(f"Results: {out}/ (results.json, results.md, ppl_vs_length.png)")
+    with initialize(config_path="../conf", version_base="1.3", job_name=CONFIG):
+        if "--help" in argv or "-h" in argv:
+            print(__doc__.split("\n\nThe command line")[0])
+            print("\n== Settings (defaults) ==\n\n" + OmegaConf.to_yaml(compose(config_name=CONFIG)))
+            return
+        names, scaling, data, rest = split_overrides(argv)
+        cfg = settings(rest)
+        if not cfg["ckpt"] and not cfg["hf"]:
+            raise ConfigError("ckpt= (a .ckpt file or a run directory with checkpoints/last.ckpt) or hf= (a "
+                              "transformers model folder or hub name) is required.")
+        methods = scaling_methods(names, scaling)
+    results = evaluate_checkpoint(cfg["ckpt"], methods, cfg["eval"], data, cfg["out"], cfg["device"], hf=cfg["hf"])
+    print("\n" + markdown_table(results))
+    print(f"Results: {results['out_dir']}/ (results.json, results.md, ppl_vs_length.png)")
 
 
 if __name__ == "__main__":

@@ -1,49 +1,41 @@
 """Cosine similarity between the position vectors of an absolute encoding, as
 a heatmap: a checkpoint's learned table (or its sinusoidal encoding), or the
-sinusoidal formula on its own.
+sinusoidal formula on its own. Settings and examples:
+python scripts/pos_similarity.py --help (conf/pos_similarity.yaml).
 
-    python scripts/pos_similarity.py                                  # sinusoidal, 512 positions, d=192
-    python scripts/pos_similarity.py --positions 1024 --dim 128
-    python scripts/pos_similarity.py --ckpt outputs/<learned run> --positions 1024
-
-With --ckpt, the vectors are what the scheme's embed hook adds at each
+With ckpt=, the vectors are what the scheme's embed hook adds at each
 position (a learned table's rows; past the training length they were never
 trained), next to the sinusoidal formula at the model's width. Writes
-pos_similarity.png and .json to --out (default: outputs/diagnostics/pos_similarity,
-or <run dir>/diagnostics/pos_similarity).
+pos_similarity.png and .json to out= (default: a new
+outputs/diagnostics/pos_similarity, or <run dir>/diagnostics/pos_similarity).
 """
 
-import argparse
 import os
-import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+import hydra
+from omegaconf import OmegaConf
 
-from rope_lm.cli import user_errors  # noqa: E402
-from rope_lm.errors import ConfigError  # noqa: E402
+from rope_lm.cli import hydra_task
+from rope_lm.errors import ConfigError
 
 MAX_JSON_SIDE = 256  # the JSON keeps the matrix subsampled to at most this many rows and columns
 
 
-def main(argv: list[str]):
+@hydra.main(config_path="../conf", config_name="pos_similarity", version_base="1.3")
+@hydra_task
+def main(cfg):
     from rope_lm import diagnostics as D
 
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--ckpt", help="a checkpoint (or run dir) with an absolute position encoding")
-    p.add_argument("--positions", type=int, help="positions shown (default: 512, or 4 x the checkpoint's training length)")
-    p.add_argument("--dim", type=int, default=192, help="sinusoidal width without --ckpt (default 192)")
-    p.add_argument("--base", type=float, default=10000.0, help="sinusoidal base (default 10000)")
-    p.add_argument("--scaling", help="with --ckpt: a conf/scaling method to apply (e.g. pi, hierarchical)")
-    p.add_argument("--out")
-    args = p.parse_args(argv)
-    if args.positions is not None and args.positions < 2:
-        raise ConfigError(f"--positions={args.positions} must be at least 2.")
+    args = OmegaConf.to_container(cfg, resolve=True)
+    if args["positions"] is not None and args["positions"] < 2:
+        raise ConfigError(f"positions={args['positions']} must be at least 2.")
+    if args.get("scaling") and not args["ckpt"]:
+        raise ConfigError("scaling= applies to a checkpoint's encoding; give ckpt= too.")
     panels, summary = [], {}
-    if args.ckpt:
-        model, ckpt = D.load_model(args.ckpt, args.scaling)
+    if args["ckpt"]:
+        model, ckpt = D.load_model(args["ckpt"], args.get("scaling"))
         train_len = model.cfg.train_len
-        n = args.positions or 4 * train_len
+        n = args["positions"] or 4 * train_len
         sim = D.cosine_similarity_matrix(D.checkpoint_position_table(model, n))
         method = getattr(model.scaling, "label", model.scaling.name)
         title = f"{model.pos_scheme.name} ({method}), trained at {train_len}"
@@ -51,13 +43,13 @@ def main(argv: list[str]):
         summary["checkpoint"] = {"path": os.path.abspath(ckpt), "scheme": model.pos_scheme.name, "method": method,
                                  "train_len": train_len, **_summary(D, sim, train_len)}
         dim = model.cfg.d_model
-        out = args.out or D.default_out_dir(ckpt, "pos_similarity")
+        out = args["out"] or D.default_out_dir(ckpt, "pos_similarity")
     else:
-        n, dim, train_len = args.positions or 512, args.dim, None
-        out = args.out or os.path.join("outputs", "diagnostics", "pos_similarity")
-    sin = D.cosine_similarity_matrix(D.sinusoidal_table(n, dim, args.base))
-    panels.append({"title": f"sinusoidal formula, d={dim}, base {args.base:g}", "matrix": sin, "train_len": train_len})
-    summary["sinusoidal"] = {"dim": dim, "base": args.base, **_summary(D, sin, train_len)}
+        n, dim, train_len = args["positions"] or 512, args["dim"], None
+        out = args["out"] or D.fresh_dir(os.path.join("outputs", "diagnostics", "pos_similarity"))
+    sin = D.cosine_similarity_matrix(D.sinusoidal_table(n, dim, args["base"]))
+    panels.append({"title": f"sinusoidal formula, d={dim}, base {args['base']:g}", "matrix": sin, "train_len": train_len})
+    summary["sinusoidal"] = {"dim": dim, "base": args["base"], **_summary(D, sin, train_len)}
     D.check_out_dir(out)
     D.plot_similarity(panels, os.path.join(out, "pos_similarity.png"))
     D.save_json(os.path.join(out, "pos_similarity.json"), {"positions": n, **summary})
@@ -80,5 +72,4 @@ def _summary(D, sim, train_len):
 
 
 if __name__ == "__main__":
-    with user_errors():
-        main(sys.argv[1:])
+    main()

@@ -8,10 +8,10 @@ import shlex
 import subprocess
 import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+from rope_lm.errors import ConfigError, RopeLMError
 
-from rope_lm.errors import ConfigError, RopeLMError  # noqa: E402
+# The study drivers run the repository's own entry points, which sit next to scripts/.
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 class StepFailed(RopeLMError):
@@ -21,7 +21,8 @@ class StepFailed(RopeLMError):
 def check_overrides(overrides: list[str]):
     bad = [o for o in overrides if "=" not in o]
     if bad:
-        raise ConfigError(f"{', '.join(bad)}: training overrides are key=value (as for train.py); options start with --.")
+        raise ConfigError(f"{', '.join(bad)}: the train= entries are train.py overrides, key=value "
+                          f"(e.g. \"train=['data=wikitext2','data.seq_len=256']\").")
 
 
 def study_dir(name: str, out: str | None) -> str:
@@ -33,7 +34,7 @@ def run_step(title: str, args: list[str]):
     the command to rerun by hand."""
     # Scripts by absolute path, run from the caller's directory: relative paths in overrides
     # (data.path=...) mean what they would on the command line.
-    script = os.path.join(ROOT, args[0])
+    script = os.path.join(REPO, args[0])
     cmd = [sys.executable, script, *args[1:]]
     shown = shlex.join(["python", os.path.relpath(script), *args[1:]])
     print(f"\n=== {title}\n$ {shown}\n", flush=True)
@@ -48,13 +49,6 @@ def train(run_dir: str, experiment: str, overrides: list[str]) -> str:
     return run_dir
 
 
-def checkpoint(run_dir: str):
-    """(LitLM, checkpoint path) of a run directory or .ckpt."""
-    from rope_lm.diagnostics import load_checkpoint
-
-    return load_checkpoint(run_dir)
-
-
 def token_budget(run_dir: str, default: int = 16384) -> int:
     """The training run's own evaluation budget, so zero-shot evaluations score the same tokens."""
     import json
@@ -66,20 +60,17 @@ def token_budget(run_dir: str, default: int = 16384) -> int:
     return default
 
 
-def scaling_names() -> list[str]:
-    conf = os.path.join(ROOT, "conf", "scaling")
-    return sorted(f[:-5] for f in os.listdir(conf) if f.endswith(".yaml"))
-
-
 def applicable(scheme, names: list[str]) -> tuple[list[str], list[str]]:
-    """(names of conf/scaling methods that apply to the scheme, notes on the others)."""
-    from rope_lm.diagnostics import load_scaling
+    """(names of scaling methods that apply to the scheme, notes on the others);
+    method options come from the running Hydra app's scaling group."""
+    from rope_lm.cli import group_config
     from rope_lm.scaling import build_scaling
 
     ok, skipped = [], []
     for name in names:
+        options = group_config("scaling", name)  # outside the try: an unknown name is the user's error
         try:
-            build_scaling(load_scaling(name)).check(scheme)
+            build_scaling(options).check(scheme)
             ok.append(name)
         except ConfigError as e:
             skipped.append(f"{name}: {str(e).split(';')[0]}")
@@ -102,3 +93,9 @@ def compare_and_report(paths: list[str], out: str, title: str, group: bool, wand
         if offline:
             print(f"wandb ran offline; upload the summary run with:  wandb sync {offline}")
     return summary
+
+
+def compare_command(paths: list[str], out: str, group: bool) -> str:
+    """The scripts/compare.py command line that redoes a study's comparison."""
+    return shlex.join(["python", "scripts/compare.py", f"paths=[{','.join(paths)}]", *(["group=true"] if group else []),
+                       f"out={out}"])

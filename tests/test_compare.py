@@ -105,7 +105,7 @@ def test_duplicate_labels_get_their_run_directory(tmp_path):
 def test_mixed_runs_are_refused(tmp_path, change, words):
     write_run(tmp_path / "s" / "a", "rope")
     write_run(tmp_path / "s" / "b", "alibi", **change)
-    with pytest.raises(ConfigError, match=f"differ in {words}.*--group"):
+    with pytest.raises(ConfigError, match=f"differ in {words}.*group=true"):
         compare([str(tmp_path / "s")], str(tmp_path / "o"))
     assert not (tmp_path / "o" / "compare.csv").exists()
 
@@ -160,10 +160,23 @@ def test_interrupted_runs_are_listed_as_skipped(tmp_path):
 def test_script_refuses_mixed_runs_in_one_paragraph(tmp_path):
     write_run(tmp_path / "s" / "a", "rope")
     write_run(tmp_path / "s" / "b", "rope", train_len=128)
-    proc = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "compare.py"), str(tmp_path / "s")],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "compare.py"), f"path={tmp_path / 's'}"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
-    assert "configuration error" in proc.stderr and "--group" in proc.stderr and "Traceback" not in proc.stderr
+    assert "configuration error" in proc.stderr and "group=true" in proc.stderr and "Traceback" not in proc.stderr
+    assert len(proc.stderr.strip().split("\n\n")) == 1  # one paragraph
+
+
+def test_script_help_and_two_paths(tmp_path):
+    script = os.path.join(ROOT, "scripts", "compare.py")
+    done = subprocess.run([sys.executable, script, "--help"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "paths=[" in done.stdout and "group: false" in done.stdout
+    write_run(tmp_path / "a", "rope")
+    write_run(tmp_path / "b", "alibi")
+    done = subprocess.run([sys.executable, script, f"paths=[{tmp_path / 'a'},{tmp_path / 'b'}]", f"out={tmp_path / 'o'}"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "o" / "compare.csv").exists() and sorted(os.listdir(tmp_path)) == ["a", "b", "o"]
 
 
 def test_logger_tags_and_sweep_group(tmp_path):

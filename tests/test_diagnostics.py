@@ -5,7 +5,7 @@ similarity, and the scripts end to end on a tiny checkpoint."""
 import json
 import math
 import os
-import runpy
+import subprocess
 import sys
 
 import pytest
@@ -46,13 +46,20 @@ def save_tiny_checkpoint(path, cache, data_options, pos=None, train_len=16):
     return path
 
 
-def run_script(name, *args):
-    old = sys.argv
-    sys.argv = [name, *map(str, args)]
-    try:
-        runpy.run_path(os.path.join(ROOT, "scripts", name), run_name="__main__")
-    finally:
-        sys.argv = old
+def run_script(name, *args, status=0, cwd=None):
+    """Run scripts/<name> with key=value arguments as a user would; returns
+    the finished process after checking its exit status."""
+    done = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", name), *map(str, args)], cwd=cwd or ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == status, done.stderr[-3000:]
+    return done
+
+
+def assert_one_paragraph(done, pattern):
+    """A user error: one paragraph on stderr, no traceback."""
+    err = done.stderr.strip()
+    assert pattern in " ".join(err.split()), err
+    assert "\n\n" not in err and "Traceback" not in err + done.stdout
 
 
 # --- entropy ---------------------------------------------------------------------
@@ -194,7 +201,7 @@ def tiny_ckpt(tiny_cache, tiny_data_options, tmp_path_factory):
 
 
 def test_attention_entropy_script(tiny_ckpt, tmp_path):
-    run_script("attention_entropy.py", tiny_ckpt, "--length", 48, "--windows", 2, "--buckets", 8, "--out", tmp_path)
+    run_script("attention_entropy.py", f"ckpt={tiny_ckpt}", "length=48", "windows=2", "buckets=8", f"out={tmp_path}")
     result = json.load(open(tmp_path / "attention_entropy.json"))
     assert result["length"] == 48 and result["train_len"] == 16 and len(result["entropy"][0][0]) == 8
     assert all(layer["mean_beyond"] > layer["mean_within"] for layer in result["layers"])  # more keys past L_train
@@ -202,18 +209,53 @@ def test_attention_entropy_script(tiny_ckpt, tmp_path):
 
 
 def test_rope_decay_and_similarity_scripts(tiny_ckpt, tmp_path):
-    run_script("rope_decay.py", "--bases", 10000, "--head-dims", 16, "--max-distance", 64, "--ckpt", tiny_ckpt,
-               "--out", tmp_path / "decay")
+    run_script("rope_decay.py", "bases=[10000]", "head_dims=[16]", "max_distance=64", f"ckpt={tiny_ckpt}",
+               "scaling=yarn", "scaling.factor=4", "length=64", f"out={tmp_path / 'decay'}", cwd=tmp_path)
     decay = json.load(open(tmp_path / "decay" / "rope_decay.json"))
-    assert [c["bound_at_0"] for c in decay["curves"]] == [4.5, 4.5]  # the checkpoint's head dim is 16 too
-    run_script("pos_similarity.py", "--positions", 40, "--dim", 16, "--out", tmp_path / "sim")
+    assert decay["curves"][0]["bound_at_0"] == 4.5  # head dim 16: (d/2 + 1) / 2
+    assert "yarn" in decay["curves"][1]["label"] and decay["curves"][1]["attention_factor"] > 1  # the method applied
+    run_script("pos_similarity.py", "positions=40", "dim=16", f"out={tmp_path / 'sim'}", cwd=tmp_path)
     sim = json.load(open(tmp_path / "sim" / "pos_similarity.json"))
     assert sim["positions"] == 40 and sim["sinusoidal"]["by_offset"][0] == pytest.approx(1.0)
     assert (tmp_path / "sim" / "pos_similarity.png").stat().st_size > 0
+    assert sorted(os.listdir(tmp_path)) == ["decay", "sim"]  # no Hydra output folders
 
 
-def test_script_errors_are_one_paragraph(tmp_path, capsys):
-    with pytest.raises(SystemExit) as e:
-        run_script("attention_entropy.py", tmp_path / "nothing")
-    assert e.value.code == 2
-    assert "not a checkpoint file" in capsys.readouterr().err
+def test_default_out_dir_is_inside_the_run_and_never_reused(tiny_ckpt):
+    ckpt = os.path.join(tiny_ckpt, "checkpoints", "last.ckpt")
+    first = D.default_out_dir(ckpt, "probe")
+    assert first == os.path.join(tiny_ckpt, "diagnostics", "probe")
+    os.makedirs(first)
+    try:
+        assert D.default_out_dir(ckpt, "probe") == first + "_2"
+    finally:
+        os.rmdir(first)
+
+
+@pytest.mark.parametrize("script", ["attention_entropy.py", "passkey.py", "pos_similarity.py", "rope_decay.py",
+                                    "eval_extrapolation.py", "compare.py", "study_rope_scaling.py",
+                                    "study_finetune_extension.py"])
+def test_every_script_has_help(script, tmp_path):
+    done = run_script(script, "--help", cwd=tmp_path)
+    assert "python scripts/" + script in done.stdout and "== Settings (defaults) ==" in done.stdout
+    assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("script,args,pattern", [
+    ("attention_entropy.py", ["ckpt=run", "windows=0"], "windows= and buckets= must be positive"),
+    ("passkey.py", ["ckpt=run", "batch_size=0"], "batch_size=0 must be at least 1"),
+    ("pos_similarity.py", ["positions=1"], "positions=1 must be at least 2"),
+    ("rope_decay.py", ["max_distance=0"], "max_distance=0 must be at least 1"),
+    ("eval_extrapolation.py", ["ckpt=run", "scaling=none,nosuch"], "scaling='nosuch' is not an option of the scaling config group"),
+    ("compare.py", [], "Give the runs to compare"),
+    ("study_rope_scaling.py", ["run=/nonexistent/run"], "is not a checkpoint file"),
+    ("study_finetune_extension.py", ["factor=1"], "factor=1: the fine-tune must be longer"),
+])
+def test_bad_setting_is_one_paragraph_with_status_2(script, args, pattern, tmp_path):
+    assert_one_paragraph(run_script(script, *args, status=2, cwd=tmp_path), pattern)
+    assert os.listdir(tmp_path) == []
+
+
+def test_script_errors_are_one_paragraph(tmp_path):
+    done = run_script("attention_entropy.py", f"ckpt={tmp_path / 'nothing'}", status=2, cwd=tmp_path)
+    assert_one_paragraph(done, "not a checkpoint file")

@@ -19,13 +19,13 @@ from rope_lm.report import atomic_write
 
 def _poison(monkeypatch, steps):
     """Make the loss NaN at the given global steps, as a diverging run would."""
-    real = lit_module.LitLM._loss
+    real = lit_module.LitLM.loss
 
     def loss(self, batch):
         value = real(self, batch)
         return value * float("nan") if self.global_step in steps else value
 
-    monkeypatch.setattr(lit_module.LitLM, "_loss", loss)
+    monkeypatch.setattr(lit_module.LitLM, "loss", loss)
 
 
 def test_nan_stops_the_run_naming_the_step_and_keeps_the_last_good_checkpoint(tiny_config, tmp_path, monkeypatch):

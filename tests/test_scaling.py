@@ -5,6 +5,7 @@ end-to-end evaluation of several methods on one tiny checkpoint."""
 import json
 import math
 import os
+import subprocess
 import sys
 
 import pytest
@@ -384,15 +385,14 @@ def test_eval_script_runs_several_methods_on_one_checkpoint(tiny_config, tmp_pat
     run = str(tmp_path / "run")
     tiny_config["eval"]["multipliers"] = [1]  # the run's own report is not under test here
     train_and_evaluate(tiny_config, run)
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "scripts"))
-    import eval_extrapolation
-
     out = str(tmp_path / "eval")
     # Few methods and lengths: the report redraws its plot after every length (~0.6 s each here).
     names = "none,pi,ntk+logn,yarn,rerope"
-    eval_extrapolation.main([f"ckpt={run}", f"scaling={names}", "scaling.rerope.window=4", f"out={out}",
-                             "device=cpu", "eval.multipliers=[1,4]", "eval.token_budget=256",
-                             "eval.batch_tokens=256", "eval.position_buckets=8"])
+    script = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts", "eval_extrapolation.py")
+    done = subprocess.run([sys.executable, script, f"ckpt={run}", f"scaling={names}", "scaling.rerope.window=4",
+                           f"out={out}", "device=cpu", "eval.multipliers=[1,4]", "eval.token_budget=256",
+                           "eval.batch_tokens=256", "eval.position_buckets=8"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
     results = json.load(open(os.path.join(out, "results.json")))
     labels = names.split(",")
     assert list(results["methods"]) == labels
@@ -409,5 +409,6 @@ def test_eval_script_runs_several_methods_on_one_checkpoint(tiny_config, tmp_pat
     assert info["ntk+logn"]["logn"]["max_logit_scale"] == pytest.approx(math.log(64) / math.log(16))
     assert info["rerope"]["window"] == 4 and info["rerope"]["max_relative_position"] == 4
     assert info["pi"]["stretch_last"] == [4.0] * 4
-    with pytest.raises(ConfigError, match="none of the listed methods"):
-        eval_extrapolation.scaling_methods(["none", "pi"], {"beta_fast": 8})
+    done = subprocess.run([sys.executable, script, f"ckpt={run}", "scaling=none,pi", "scaling.beta_fast=8"],
+                          capture_output=True, text=True)
+    assert done.returncode == 2 and "none of the listed methods" in done.stderr and "Traceback" not in done.stderr

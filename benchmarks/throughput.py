@@ -24,7 +24,8 @@ long lengths, one window per forward, with peak memory: every measurement in
 a fresh process, reading its peak RSS (reset after warm-up) on CPU, or
 ``max_memory_allocated`` after a reset on CUDA.
 
-scripts/bench.py is the command line; nothing here reads the conf/ tree.
+benchmarks/bench.py is the command line; this module reads no config file and
+uses rope_lm's public API only.
 """
 
 from __future__ import annotations
@@ -44,13 +45,11 @@ import subprocess
 import sys
 import tempfile
 import time
-import types
 import warnings
 
 import torch
 import torch.nn.functional as F
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PEERS = ("hf", "hf+keepmem", "plain", "lightning")
 _RESULT_MARK = "@@bench-result@@"
 
@@ -300,11 +299,9 @@ def make_batches(n: int, batch: int, seq_len: int, vocab: int, seed: int):
 def _optimizer_like_lit(model, optim: dict, max_steps: int):
     """LitLM's own optimizer and schedule (param groups, betas, fused on CUDA)
     for a model that is not a LitLM, so every peer steps the same optimizer."""
-    from rope_lm.lit import LitLM, OptimConfig
+    from rope_lm.lit import OptimConfig, build_optimizer
 
-    shim = types.SimpleNamespace(model=model, optim=OptimConfig(**optim), max_steps=max_steps)
-    out = LitLM.configure_optimizers(shim)
-    return out["optimizer"], out["lr_scheduler"]["scheduler"]
+    return build_optimizer(model, OptimConfig(**optim), max_steps)
 
 
 def _cpu_seconds() -> float:
@@ -453,10 +450,10 @@ def build_train_runner(spec: dict):
     lit = LitLM(model=model_cfg, pos=pos_cfg, scaling=None, optim=s["optim"], vocab_size=s["vocab"],
                 train_len=s["seq_len"], max_steps=max_steps, compile=compiled).to(device)
     counts = param_counts(lit.model)
-    fwd = lit._forward if compiled else None
+    fwd = lit.compiled_forward
     if peer.startswith("plain"):
         opt, sched = lit.configure_optimizers().values()
-        runner = LoopRunner(peer, lambda x, y: lit._loss((x, y)), list(lit.parameters()), opt, sched["scheduler"],
+        runner = LoopRunner(peer, lambda x, y: lit.loss((x, y)), list(lit.parameters()), opt, sched["scheduler"],
                             batches, device, clip)
     else:
         _quiet_lightning()
@@ -605,12 +602,10 @@ class Worker:
     """A measuring process (see _worker_main) and its command channel."""
 
     def __init__(self):
-        env = dict(os.environ)
-        env["PYTHONPATH"] = ROOT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         self.errors = tempfile.TemporaryFile(mode="w+")
-        self.proc = subprocess.Popen([sys.executable, "-c", "from rope_lm.bench import _worker_main; _worker_main()"],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.errors, text=True,
-                                     cwd=ROOT, env=env, bufsize=1)
+        # This file run as a script is the worker (see the end of the file).
+        self.proc = subprocess.Popen([sys.executable, os.path.abspath(__file__)], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=self.errors, text=True, bufsize=1)
 
     def call(self, cmd: str, **kwargs) -> dict:
         try:

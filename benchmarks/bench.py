@@ -1,0 +1,64 @@
+"""Command line of the benchmark (benchmarks/throughput.py): settings from
+conf/bench.yaml, the train.py defaults it shares (data sizes, optimizer,
+trainer) composed from conf/ through Hydra. Usage: python benchmarks/bench.py --help.
+"""
+
+import os
+
+import hydra
+from omegaconf import OmegaConf
+
+from rope_lm.cli import group_config, group_options, hydra_task
+from rope_lm.errors import ConfigError
+
+
+def _preset(group: str, name: str, required: bool) -> dict:
+    """A conf/<group> option or a YAML file; a name with neither is a scheme
+    known to the registry only (e.g. one an `imports` module adds)."""
+    if name.endswith((".yaml", ".yml")):
+        if not os.path.isfile(name):
+            raise ConfigError(f"{name} does not exist; give a {group} name ({', '.join(group_options(group))}) or a YAML file.")
+        return OmegaConf.to_container(OmegaConf.load(name), resolve=True)
+    if required or name in group_options(group):
+        return group_config(group, name)
+    return {"name": name}
+
+
+def _label(name: str) -> str:
+    return os.path.splitext(os.path.basename(name))[0]
+
+
+@hydra.main(config_path="../conf", config_name="bench", version_base="1.3")
+@hydra_task
+def main(cfg):
+    import torch
+
+    from throughput import BenchSettings, run, targets_text
+
+    a = OmegaConf.to_container(cfg, resolve=True)
+    train = OmegaConf.to_container(hydra.compose(config_name="config"), resolve=True)
+    data = train["data"]
+    device = ("cuda" if torch.cuda.is_available() else "cpu") if a["device"] == "auto" else a["device"]
+    settings = BenchSettings(
+        models={_label(n): _preset("model", n, True) for n in a["models"]},
+        schemes={_label(n): _preset("pos", n, False) for n in a["schemes"]},
+        optim=train["optim"], trainer=train["trainer"],
+        vocab_size=a["vocab_size"] or data["vocab_size"], seq_len=a["seq_len"] or data["seq_len"],
+        batch_size=a["batch_size"] or data["batch_size"], warmup=a["warmup"], steps=a["steps"], repeats=a["repeats"],
+        eval_lengths=list(a["eval_lengths"]), eval_batch=a["eval_batch"], eval_repeats=a["eval_repeats"],
+        peers=list(a["peers"]), hf_mlp=a["hf_mlp"], compile=a["compile"], device=device, threads=a["threads"],
+        peak_tflops=a["peak_tflops"], seed=a["seed"], imports=list(a["imports"]),
+    )
+    results = run(settings, out=a["out"])
+    m = results["machine"]
+    print(f"\n{m['cpu']} ({m['nproc']} CPUs, {m['threads']} threads){' / ' + m['gpu'] if 'gpu' in m else ''}, "
+          f"torch {m['torch']}, transformers {m['transformers']}, lightning {m['lightning']}; "
+          f"load average before {results['load_average']['before']}, after {results['load_average']['after']}\n")
+    print(results["table"])
+    print("\nTargets:\n" + targets_text(results["targets"]))
+    if a["out"]:
+        print(f"\nwrote {a['out']}")
+
+
+if __name__ == "__main__":
+    main()
