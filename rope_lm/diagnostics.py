@@ -18,7 +18,7 @@ import os
 import numpy as np
 import torch
 
-from rope_lm.attention import attention_probs
+from rope_lm.attention import attention_probs, match_heads
 from rope_lm.checkpointing import load_checkpoint
 from rope_lm.errors import ConfigError
 from rope_lm.frequencies import inverse_frequencies
@@ -80,16 +80,12 @@ def layer_inputs(attn, args, kwargs) -> dict:
     return dict(bound.arguments)
 
 
-def split_qkv(attn, x):
-    B, T, C = x.shape
-    return attn.qkv(x).view(B, T, 3, attn.n_head, C // attn.n_head).permute(2, 0, 3, 1, 4)
-
-
 def layer_attention(attn, x, scheme, pos, plan, ctx):
     """(probabilities (B, H, T, T), the layer's output (B, T, C)) recomputed
     from an attention layer's inputs."""
-    q, k, v = split_qkv(attn, x)
+    q, k, v = attn.split_qkv(x)
     probs = attention_probs(q, k, scheme, attn.layer, pos, plan, ctx)
+    (v,) = match_heads(q, v)  # grouped-query models: each query head reads its key/value head
     p = probs.to(v.dtype)
     y = p @ v
     value = scheme.value_term(attn.layer, p, pos, pos, ctx)

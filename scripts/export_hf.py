@@ -11,37 +11,23 @@ and a fixed factor (none, pi, dynamic_ntk, yarn, llama3, longrope); others
 are refused with the reason (docs/pretrained.md).
 """
 
-import os
-import sys
+import hydra
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-
-from rope_lm.cli import user_errors  # noqa: E402
-from rope_lm.errors import ConfigError  # noqa: E402
+from rope_lm.cli import hydra_task
+from rope_lm.errors import ConfigError
 
 
-def parse(argv: list[str]) -> dict:
-    args = {}
-    for arg in argv:
-        key, eq, value = arg.partition("=")
-        if not eq or key not in ("ckpt", "out"):
-            raise ConfigError(f"Argument {arg!r}: use ckpt=<run dir or .ckpt> out=<directory>.")
-        args[key] = value
-    missing = [k for k in ("ckpt", "out") if not args.get(k)]
-    if missing:
-        raise ConfigError(f"{' and '.join(k + '=' for k in missing)} required: ckpt=<run dir or .ckpt> out=<directory>.")
-    return args
-
-
-def main(argv: list[str]):
+@hydra.main(config_path="../conf", config_name="export_hf", version_base="1.3")
+@hydra_task
+def main(cfg):
     from rope_lm.hf import export_checkpoint
 
-    args = parse(argv)
-    config = export_checkpoint(args["ckpt"], args["out"])
-    print(f"wrote {config['architectures'][0]} ({config['rope_parameters']['rope_type']} RoPE) to {args['out']}")
+    missing = [k for k in ("ckpt", "out") if not cfg[k]]
+    if missing:
+        raise ConfigError(f"{' and '.join(k + '=' for k in missing)} required: ckpt=<run dir or .ckpt> out=<directory>.")
+    config = export_checkpoint(cfg.ckpt, cfg.out)
+    print(f"wrote {config['architectures'][0]} ({config['rope_parameters']['rope_type']} RoPE) to {cfg.out}")
 
 
 if __name__ == "__main__":
-    with user_errors():
-        main(sys.argv[1:])
+    main()

@@ -132,6 +132,14 @@ def test_probabilities_reproduce_attention_output(scheme):
     _check_reproduces(model)
 
 
+@pytest.mark.parametrize("scheme", ["rope", "alibi", "shaw"])
+def test_probabilities_reproduce_attention_output_with_grouped_query_heads(scheme):
+    torch.manual_seed(0)
+    llama_shaped = {**TINY_MODEL, "n_head": 4, "n_kv_head": 2, "d_model": 32, "mlp": "swiglu"}
+    model = build_model(llama_shaped, conf(POS_CONF, scheme), None, vocab_size=40, train_len=8).eval()
+    _check_reproduces(model)
+
+
 # Methods that change attention itself: a second rotary pass, a window, a logit scale.
 PLANS = [("rope", m) for m in ("rerope", "leaky_rerope", "self_extend", "window", "logn", "yarn")] + [("alibi", "window"), ("t5", "logn")]
 

@@ -1,0 +1,61 @@
+"""Sliding-window vs non-overlapping evaluation throughput at equal L.
+
+    python benchmarks/sliding.py                                  # tiny model, L = 512, 1024, 2048, stride 256
+    python benchmarks/sliding.py lengths=[256,512] stride=64 tokens=16384
+
+Scored target tokens per second of the `stream` protocol (non-overlapping
+windows) and of the `sliding` protocol (many windows per forward pass) on the
+same N tokens, best of `repeats`, both through rope_lm.evaluation's public
+evaluate_lengths. The weights are random: throughput depends on neither them
+nor the token values. Settings: python benchmarks/sliding.py --help.
+"""
+
+import time
+
+import hydra
+from omegaconf import OmegaConf
+
+from rope_lm.cli import hydra_task
+
+
+@hydra.main(config_path="../conf", config_name="bench_sliding", version_base="1.3")
+@hydra_task
+def main(cfg):
+    import numpy as np
+    import torch
+
+    from rope_lm.config import typed_dataclass
+    from rope_lm.evaluation import EvalConfig, evaluate_lengths
+    from rope_lm.model import build_model
+
+    a = OmegaConf.to_container(cfg, resolve=True)
+    if a["threads"]:
+        torch.set_num_threads(a["threads"])
+    torch.manual_seed(0)
+    model = build_model(a["model"], {"name": "rope"}, None, vocab_size=a["vocab"], train_len=a["train_len"]).eval()
+    n = (a["tokens"] // max(a["lengths"])) * max(a["lengths"])
+    stream = np.random.default_rng(0).integers(0, a["vocab"], size=n + 1).astype(np.uint16)
+
+    def tokens_per_s(L, **protocol):
+        ecfg = typed_dataclass(EvalConfig, {"lengths": [L], "token_budget": n, "batch_tokens": a["batch_tokens"],
+                                            "bootstrap": 0, **protocol}, "eval.", "eval")
+        best = float("inf")
+        for _ in range(a["repeats"]):
+            t = time.perf_counter()
+            rows = evaluate_lengths(model, stream, ecfg, a["train_len"])
+            best = min(best, time.perf_counter() - t)
+        return n / best, rows[0]
+
+    print(f"model {a['model'].get('name')}, {n} target tokens per length, stride {a['stride']}, "
+          f"{torch.get_num_threads()} threads, best of {a['repeats']}")
+    print("| L | stream tok/s | sliding tok/s | windows | slowdown |")
+    print("|---|---|---|---|---|")
+    for L in a["lengths"]:
+        stream_tps, _ = tokens_per_s(L, protocol="stream")
+        slide_tps, row = tokens_per_s(L, protocol="sliding", sliding_stride=a["stride"])
+        print(f"| {L} | {stream_tps:,.0f} | {slide_tps:,.0f} | {row.get('windows')} | {stream_tps / slide_tps:.2f}x |",
+              flush=True)
+
+
+if __name__ == "__main__":
+    main()
