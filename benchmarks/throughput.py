@@ -363,6 +363,7 @@ class LightningRunner:
         import lightning as L
         from torch.utils.data import DataLoader
 
+        from rope_lm.config import trainer_config
         from rope_lm.pipeline import trainer_kwargs
 
         device = self.device
@@ -388,7 +389,7 @@ class LightningRunner:
                     torch.cuda.reset_peak_memory_stats()
                 pending.update(msg=msg, left=msg["n"] - 1, t0=time.perf_counter(), c0=_cpu_seconds())
 
-        kwargs, _ = trainer_kwargs({**self.options, "max_steps": self.max_steps}, self.out_dir, None, self.max_steps)
+        kwargs = trainer_kwargs(trainer_config({**self.options, "max_steps": self.max_steps}), self.out_dir, None)
         kwargs.update(enable_model_summary=False, accelerator="gpu" if device == "cuda" else "cpu", devices=1)
         kwargs["callbacks"] = list(kwargs["callbacks"]) + [Pacer()]
         data = [self.batches[i % len(self.batches)] for i in range(self.max_steps)]

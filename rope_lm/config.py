@@ -254,24 +254,10 @@ def _lightning_annotations() -> dict:
     return named
 
 
-# --- the run --------------------------------------------------------------------
-
-def resolve_run(cfg: dict) -> RunConfig:
-    """The whole run's settings, typed and checked, before any work."""
-    cfg = dict(cfg)
-    unknown = sorted(set(cfg) - TOP_LEVEL)
-    if unknown:
-        raise ConfigError(
-            f"Unknown top-level setting(s) {', '.join(unknown)}; valid ones are {', '.join(sorted(TOP_LEVEL))} "
-            f"(put a study's own variables under `study.`)."
-        )
-    top = typed({k: cfg[k] for k in ("seed", "ckpt_path", "init_from", "run_name", "study") if k in cfg},
-                {"seed": int, "ckpt_path": str | None, "init_from": str | None, "run_name": str | None, "study": dict},
-                "", "run")
-
-    data, source = split_data(cfg.get("data") or {})
-
-    trainer_opts = dict(cfg.get("trainer") or {})
+def trainer_config(options: dict) -> TrainerConfig:
+    """trainer.* checked: rope-lm's own keys typed by TrainerConfig, every
+    other key by lightning.Trainer's signature (into TrainerConfig.lightning)."""
+    trainer_opts = dict(options)
     own_keys = {f.name for f in fields(TrainerConfig)} - {"lightning"}
     lightning_opts = {k: trainer_opts.pop(k) for k in list(trainer_opts) if k not in own_keys}
     lightning_ann = _lightning_annotations()
@@ -290,6 +276,27 @@ def resolve_run(cfg: dict) -> RunConfig:
     lightning = typed(lightning_opts, lightning_ann, "trainer.", "trainer")
     trainer = typed_dataclass(TrainerConfig, trainer_opts, "trainer.", "trainer")
     trainer.lightning = lightning
+    return trainer
+
+
+# --- the run --------------------------------------------------------------------
+
+def resolve_run(cfg: dict) -> RunConfig:
+    """The whole run's settings, typed and checked, before any work."""
+    cfg = dict(cfg)
+    unknown = sorted(set(cfg) - TOP_LEVEL)
+    if unknown:
+        raise ConfigError(
+            f"Unknown top-level setting(s) {', '.join(unknown)}; valid ones are {', '.join(sorted(TOP_LEVEL))} "
+            f"(put a study's own variables under `study.`)."
+        )
+    top = typed({k: cfg[k] for k in ("seed", "ckpt_path", "init_from", "run_name", "study") if k in cfg},
+                {"seed": int, "ckpt_path": str | None, "init_from": str | None, "run_name": str | None, "study": dict},
+                "", "run")
+
+    data, source = split_data(cfg.get("data") or {})
+
+    trainer = trainer_config(cfg.get("trainer") or {})
 
     eval_cfg = typed_dataclass(EvalConfig, cfg.get("eval") or {}, "eval.", "eval")
     optim = typed_dataclass(OptimConfig, cfg.get("optim") or {}, "optim.", "optim")

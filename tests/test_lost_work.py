@@ -223,7 +223,7 @@ def test_one_bad_job_does_not_end_a_sweep(tiny_data_options, tmp_path):
     assert [j["status"] for j in jobs] == ["failed", "completed"]
     assert results(jobs[1]["output_dir"])["status"] == "complete"  # the job after the failure ran
     assert results(jobs[0]["output_dir"])["status"] == "failed"
-    compared = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "compare.py"), str(sweep)], cwd=ROOT,
+    compared = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "compare.py"), f"path={sweep}"], cwd=ROOT,
                               capture_output=True, text=True, timeout=600)
     assert compared.returncode == 0, compared.stderr[-2000:]
     assert "FAILED: `" in compared.stdout and "is not divisible" in compared.stdout
@@ -308,6 +308,7 @@ def test_bad_records_are_refused_or_skipped_and_counted(tiny_data_options, tmp_p
     assert "data.skip_bad_records=true" in message
     done = train([*run_args(options, tmp_path / "run2"), "data.skip_bad_records=true"])
     assert done.returncode == 0, done.stderr[-2000:]
-    assert "Skipped 2 bad record(s)" in done.stderr and "line 7, line 13" in done.stderr
+    log = done.stdout + done.stderr  # Hydra's job logging writes to stdout
+    assert "Skipped 2 bad record(s)" in log and "line 7, line 14" in log
     assert results(tmp_path / "run2")["corpus"]["documents"]["train"] + sum(
         results(tmp_path / "run2")["corpus"]["documents"][s] for s in ("valid", "test")) == len(good)

@@ -31,9 +31,9 @@ def ctx_for(method, T, train_len=L):
     return PosContext(seq_len=T, train_len=train_len, scaling=method)
 
 
-def model_logits(scaling, T=48, seed=0, train_len=L, grad=False):
+def model_logits(scaling, T=48, seed=0, train_len=L, grad=False, training=False):
     torch.manual_seed(seed)
-    model = build_model(MODEL, ROPE, scaling, vocab_size=64, train_len=train_len).eval()
+    model = build_model(MODEL, ROPE, scaling, vocab_size=64, train_len=train_len).train(training)
     with torch.no_grad():  # a trained model attends sharply; GPT-2 init is nearly uniform and hides differences
         for block in model.blocks:
             block.attn.qkv.weight.mul_(6)
@@ -262,10 +262,12 @@ def test_logn_composes_with_any_method_and_is_eval_only_by_default():
     T = 3 * L
     evaluated = model_logits({"name": "ntk", "logn": True}, T)
     assert not torch.allclose(evaluated, model_logits({"name": "ntk"}, T))
-    # A forward that records gradients is a training forward: no log-n unless asked for.
-    torch.testing.assert_close(model_logits({"name": "ntk", "logn": True}, T, grad=True), model_logits({"name": "ntk"}, T))
-    torch.testing.assert_close(model_logits({"name": "ntk", "logn": True, "logn_in_training": True}, T, grad=True),
+    # A model in training mode gets no log-n unless asked for; autograd recording or not changes nothing.
+    torch.testing.assert_close(model_logits({"name": "ntk", "logn": True}, T, training=True),
+                               model_logits({"name": "ntk"}, T))
+    torch.testing.assert_close(model_logits({"name": "ntk", "logn": True, "logn_in_training": True}, T, training=True),
                                evaluated)
+    assert torch.equal(model_logits({"name": "ntk", "logn": True}, T, grad=True), evaluated)
     with pytest.raises(ConfigError):
         build_scaling({"name": "logn", "logn": False})
 
@@ -345,7 +347,9 @@ def test_methods_that_do_not_apply_are_refused_with_the_alternatives():
     assert "logn, none, window" in message  # the methods that do apply
     with pytest.raises(ConfigError, match="learned position table"):
         build_scaling({"name": "hierarchical"}).check(Dummy("absolute", "sinusoidal"))
-    build_scaling({"name": "hierarchical"}).check(Dummy("absolute", "learned"))
+    build_scaling({"name": "hierarchical"}).check(Dummy("absolute", "learned", table_rows=16))
+    with pytest.raises(ConfigError, match="learned position table"):  # the capability decides, not the name
+        build_scaling({"name": "hierarchical"}).check(Dummy("absolute", "learned"))
     build_scaling({"name": "pi"}).check(Dummy("absolute", "sinusoidal"))
     with pytest.raises(ConfigError, match="rerope"):
         build_scaling({"name": "rerope"}).check(Dummy("absolute", "learned"))
