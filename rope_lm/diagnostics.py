@@ -26,14 +26,23 @@ from rope_lm.frequencies import inverse_frequencies
 
 # --- checkpoints and their data ---------------------------------------------------
 
-def load_model(path: str, scaling: dict | None = None, device: str = "cpu"):
-    """(model, checkpoint path): a checkpoint's model, optionally under another
-    extrapolation method (options as train.py's `scaling` group gives them)
-    instead of the one it was trained with."""
+def load_model(path: str | None, scaling: dict | None = None, device: str = "cpu"):
+    """(LitLM in eval mode, checkpoint file): a checkpoint for a diagnostic,
+    optionally under another extrapolation method (options as train.py's
+    `scaling` group gives them) instead of the one it was trained with."""
+    if not path:
+        raise ConfigError("ckpt= is required: a .ckpt file or a run directory with checkpoints/last.ckpt.")
     lit, ckpt = load_checkpoint(path, device)
     if scaling:
         lit.model.set_scaling(scaling)
-    return lit.model, ckpt
+    return lit, ckpt
+
+
+def output_dir(out: str | None, ckpt: str, name: str, scaling: dict | None = None) -> str:
+    """out=, or a new <run dir>/diagnostics/<name>[_<method>] folder; checked writable."""
+    out = out or default_out_dir(ckpt, name + (f"_{scaling['name']}" if scaling else ""))
+    check_out_dir(out)
+    return out
 
 
 def default_out_dir(ckpt: str, name: str) -> str:

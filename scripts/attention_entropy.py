@@ -23,25 +23,19 @@ def main(cfg):
     import torch
 
     from rope_lm import diagnostics as D
-    from rope_lm.checkpointing import load_checkpoint
 
     logging.basicConfig(level=logging.INFO, format="[%(name)s] %(message)s")
     a = OmegaConf.to_container(cfg, resolve=True)
-    if not a["ckpt"]:
-        raise ConfigError("ckpt= is required: a .ckpt file or a run directory with checkpoints/last.ckpt.")
     if a["windows"] < 1 or a["buckets"] < 1 or (a["length"] is not None and a["length"] < 2):
         raise ConfigError("windows= and buckets= must be positive and length= at least 2.")
 
-    lit, ckpt = load_checkpoint(a["ckpt"], a["device"])
-    model = lit.model
     scaling = a.get("scaling")
-    if scaling:
-        model.set_scaling(scaling)
+    lit, ckpt = D.load_model(a["ckpt"], scaling, a["device"])
+    model = lit.model
     train_len = model.cfg.train_len
     T = a["length"] or 4 * train_len
     model.validate_length(T)
-    out = a["out"] or D.default_out_dir(ckpt, "attention_entropy" + (f"_{scaling['name']}" if scaling else ""))
-    D.check_out_dir(out)
+    out = D.output_dir(a["out"], ckpt, "attention_entropy", scaling)
     stream = D.checkpoint_tokens(lit, a["split"], out)
     n = a["windows"]
     need = n * T + 1

@@ -25,20 +25,15 @@ log = logging.getLogger("rope_lm")
 def main(cfg):
     from rope_lm import diagnostics as D
     from rope_lm import passkey as P
-    from rope_lm.checkpointing import load_checkpoint
 
     logging.basicConfig(level=logging.INFO, format="[%(name)s] %(message)s")
     a = OmegaConf.to_container(cfg, resolve=True)
-    if not a["ckpt"]:
-        raise ConfigError("ckpt= is required: a .ckpt file or a run directory with checkpoints/last.ckpt.")
     if a["batch_size"] < 1:
         raise ConfigError(f"batch_size={a['batch_size']} must be at least 1.")
 
-    lit, ckpt = load_checkpoint(a["ckpt"], a["device"])
-    model = lit.model
     scaling = a.get("scaling")
-    if scaling:
-        model.set_scaling(scaling)
+    lit, ckpt = D.load_model(a["ckpt"], scaling, a["device"])
+    model = lit.model
     train_len = model.cfg.train_len
     lengths = a["lengths"] or sorted({int(round(m * train_len)) for m in a["multipliers"]})
     tokenizer = D.checkpoint_tokenizer(lit)
@@ -46,8 +41,7 @@ def main(cfg):
     if min(lengths) < shortest:
         raise ConfigError(f"Passkey length {min(lengths)} is shorter than the template needs ({shortest} tokens with this "
                           f"tokenizer{', instructions included' if a['instructions'] else ''}); give longer lengths= or multipliers=.")
-    out = a["out"] or D.default_out_dir(ckpt, "passkey" + (f"_{scaling['name']}" if scaling else ""))
-    D.check_out_dir(out)
+    out = D.output_dir(a["out"], ckpt, "passkey", scaling)
 
     def report(cell):
         log.info("passkey length %d depth %g: accuracy %.0f%% (token accuracy %.0f%%)", cell["length"], cell["depth"],

@@ -33,7 +33,8 @@ def main(cfg):
         raise ConfigError("scaling= applies to a checkpoint's encoding; give ckpt= too.")
     panels, summary = [], {}
     if args["ckpt"]:
-        model, ckpt = D.load_model(args["ckpt"], args.get("scaling"))
+        lit, ckpt = D.load_model(args["ckpt"], args.get("scaling"))
+        model = lit.model
         train_len = model.cfg.train_len
         n = args["positions"] or 4 * train_len
         sim = D.cosine_similarity_matrix(D.checkpoint_position_table(model, n))

@@ -38,7 +38,8 @@ def main(cfg):
                            "distances": distances.tolist(), "bound": bound.tolist()})
     out = a["out"]
     if a["ckpt"]:
-        model, ckpt = D.load_model(a["ckpt"], a.get("scaling"))
+        lit, ckpt = D.load_model(a["ckpt"], a.get("scaling"))
+        model = lit.model
         train_len = model.cfg.train_len
         inv_freq, factor, label = D.checkpoint_rope_frequencies(model, a["length"] or max_distance)
         # cos and sin carry the attention factor, so the score (and its bound) scales by factor^2
