@@ -28,11 +28,19 @@ from rope_lm.frequencies import inverse_frequencies
 
 def load_model(path: str | None, scaling: dict | None = None, device: str = "cpu"):
     """(LitLM in eval mode, checkpoint file): a checkpoint for a diagnostic,
-    optionally under another extrapolation method (options as train.py's
-    `scaling` group gives them) instead of the one it was trained with."""
+    or `hf:<dir or hub name>` for a transformers Llama-family model (its
+    tokenizer, the corpus of data.* defaults), optionally under another
+    extrapolation method (options as train.py's `scaling` group gives them)
+    instead of the one it was trained with."""
     if not path:
-        raise ConfigError("ckpt= is required: a .ckpt file or a run directory with checkpoints/last.ckpt.")
-    lit, ckpt = load_checkpoint(path, device)
+        raise ConfigError("ckpt= is required: a .ckpt file, a run directory with checkpoints/last.ckpt, or "
+                          "hf:<model folder or hub name>.")
+    if path.startswith("hf:"):
+        from rope_lm.hf import hf_lit
+
+        lit, ckpt = hf_lit(path[len("hf:"):]).to(device).eval(), path
+    else:
+        lit, ckpt = load_checkpoint(path, device)
     if scaling:
         lit.model.set_scaling(scaling)
     return lit, ckpt
@@ -47,7 +55,11 @@ def output_dir(out: str | None, ckpt: str, name: str, scaling: dict | None = Non
 
 def default_out_dir(ckpt: str, name: str) -> str:
     """<run dir>/diagnostics/<name> for a checkpoint inside a run's
-    checkpoints/ (else next to it), never one that already exists."""
+    checkpoints/ (else next to it; outputs/diagnostics/<model>/<name> for
+    hf:<model>), never one that already exists."""
+    if ckpt.startswith("hf:"):
+        model = ckpt[len("hf:"):].strip("/").replace("/", "--")
+        return fresh_dir(os.path.join("outputs", "diagnostics", model, name))
     parent = os.path.dirname(os.path.abspath(ckpt))
     run_dir = os.path.dirname(parent) if os.path.basename(parent) == "checkpoints" else parent
     return fresh_dir(os.path.join(run_dir, "diagnostics", name))

@@ -82,3 +82,13 @@ def test_evaluate_finetune_export_reload(tiny_llama, tmp_path):
     with torch.no_grad():
         diff = (lit.model(idx) - theirs(idx).logits).abs().max().item()
     assert diff < 2e-5, diff
+
+
+def test_diagnostics_read_an_imported_model(tiny_llama, tmp_path):
+    directory, _ = tiny_llama
+    out = tmp_path / "decay"
+    run([f"ckpt=hf:{directory}", "scaling=yarn", "scaling.factor=2.0", f"length={2 * MAX_POS}", "bases=[]",
+         "max_distance=64", f"out={out}"], "scripts/rope_decay.py")
+    curves = json.load(open(out / "rope_decay.json"))["curves"]
+    assert len(curves) == 1 and curves[0]["head_dim"] == 16 and curves[0]["attention_factor"] > 1  # YaRN's factor
+    assert json.load(open(out / "rope_decay.json"))["train_len"] == MAX_POS
