@@ -56,11 +56,22 @@ def results(run_dir) -> dict:
         return json.load(f)
 
 
-@pytest.fixture
-def finished_run(tiny_data_options, tmp_path):
-    run_dir = str(tmp_path / "run")
+@pytest.fixture(scope="module")
+def trained_once(tiny_data_options, tmp_path_factory):
+    run_dir = str(tmp_path_factory.mktemp("trained") / "run")
     done = train(run_args(tiny_data_options, run_dir))
     assert done.returncode == 0, done.stderr[-3000:]
+    return run_dir
+
+
+@pytest.fixture
+def finished_run(trained_once, tmp_path):
+    """A finished 6-step run of its own (a copy of one trained once: resume
+    takes the folder from the command line, and results name no folder it needs)."""
+    import shutil
+
+    run_dir = str(tmp_path / "run")
+    shutil.copytree(trained_once, run_dir, ignore=shutil.ignore_patterns(".run.lock"))
     return run_dir
 
 
