@@ -22,7 +22,7 @@ from rope_lm.config import (DATA_ANNOTATIONS, RunConfig, TrainerConfig, resolve_
                             typed_component, typed_dataclass)
 from rope_lm.data import LMDataModule, prepare
 from rope_lm.errors import ConfigError, RopeLMError
-from rope_lm.evaluation import EvalConfig, eval_summary, evaluate_lengths, scored_tokens
+from rope_lm.evaluation import EvalConfig, eval_summary, evaluate_lengths
 from rope_lm.lit import LitLM, TokensPerSecond
 from rope_lm.model import check_fit
 from rope_lm.report import RESULTS_JSON, atomic_write, log_to_wandb, new_results, write_json, write_views

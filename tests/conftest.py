@@ -19,9 +19,9 @@ import torch  # noqa: E402
 # busy CPU oversubscription costs 100x (measured: 1.3 ms vs 550 ms a step).
 torch.set_num_threads(1)
 
-from rope_lm.corpus import SourceConfig, stdlib_dir  # noqa: E402
+from rope_lm.corpus import stdlib_dir  # noqa: E402
 from rope_lm.config import split_data  # noqa: E402
-from rope_lm.data import DataConfig, prepare  # noqa: E402
+from rope_lm.data import prepare  # noqa: E402
 
 TINY_FILES = ["textwrap.py", "colorsys.py", "bisect.py", "heapq.py", "keyword.py", "shlex.py", "fnmatch.py",
               "glob.py", "string.py", "numbers.py", "queue.py", "sched.py"]

@@ -1,7 +1,6 @@
 """Bad configurations and inputs are refused before any training, with one
 paragraph that names the setting and says what would be valid."""
 
-import os
 import subprocess
 import sys
 

@@ -3,14 +3,13 @@
 import json
 import logging
 import os
-import shutil
 
 import numpy as np
 import pytest
 
 from rope_lm.corpus import SourceConfig, assign_splits, load_documents, stdlib_dir
 from rope_lm.config import split_data  # noqa: E402
-from rope_lm.data import DataConfig, StepSampler, TokenWindows, prepare
+from rope_lm.data import StepSampler, TokenWindows, prepare
 from rope_lm.errors import ConfigError
 from tests.conftest import write_corpus
 

@@ -11,7 +11,7 @@ import torch
 
 from rope_lm import lit as lit_module
 from rope_lm.config import split_data  # noqa: E402
-from rope_lm.data import DataConfig, cache_problem, prepare
+from rope_lm.data import cache_problem, prepare
 from rope_lm.errors import TrainingDiverged
 from rope_lm.pipeline import train_and_evaluate
 from rope_lm.report import atomic_write

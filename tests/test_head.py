@@ -3,7 +3,6 @@ per-token losses, their mean, and gradients with respect to the hidden
 states and the (tied) output matrix; within one chunk it is the plain
 computation bit for bit; and no call builds more than a chunk of logits."""
 
-import pytest
 import torch
 import torch.nn.functional as F
 

@@ -4,7 +4,6 @@ evaluated past the training length by the real pipeline."""
 import math
 
 import pytest
-import torch
 import yaml
 
 from conftest import ROOT

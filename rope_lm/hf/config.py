@@ -195,7 +195,7 @@ def _rope_scaling_to_hf(method, L: int) -> tuple[dict, int]:
         return {"rope_type": "default"}, L
     factor = getattr(method, "slope", None) if name == "dynamic_ntk" else method.factor
     if factor == "auto":
-        _refuse(f"scaling.factor=auto (a scale that follows each sequence length) has no transformers "
+        _refuse("scaling.factor=auto (a scale that follows each sequence length) has no transformers "
                 f"equivalent; set a fixed factor, e.g. scaling.factor=4.")
     out = {"rope_type": HF_TYPE[name], "factor": float(factor)}
     if name in ("pi", "dynamic_ntk"):
