@@ -138,10 +138,10 @@ def load_checkpoint(path: str, device: str = "cpu", setting: str = "ckpt"):
     return lit, ckpt
 
 
-def check_resumable(ckpt_path: str, hparams: dict):
-    """Refuse, before any work, to resume a checkpoint whose model differs."""
-    saved = read_checkpoint(ckpt_path)
-    old = saved.get("hyper_parameters") or {}
+def check_resumable(ckpt_path: str, hparams: dict, saved_hparams: dict | None = None):
+    """Refuse, before any work, to resume a checkpoint whose model differs
+    (saved_hparams: the checkpoint's, when the caller has read them already)."""
+    old = saved_hparams if saved_hparams is not None else read_checkpoint(ckpt_path).get("hyper_parameters") or {}
     diffs = [f"{k}: checkpoint {old.get(k)!r} vs now {hparams.get(k)!r}"
              for k in MODEL_IDENTITY if old.get(k) != hparams.get(k)]
     if diffs:

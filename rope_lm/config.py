@@ -202,7 +202,8 @@ def signature_annotations(fn, skip: int = 0) -> tuple[dict, bool]:
     return named, any(p.kind == p.VAR_KEYWORD for p in params)
 
 
-DATA_ANNOTATIONS: dict = {}  # data.* (DataConfig and SourceConfig), filled below
+# data.*: the loader (DataConfig) and source (SourceConfig) settings under one prefix.
+DATA_ANNOTATIONS = {**dataclass_annotations(DataConfig), **dataclass_annotations(SourceConfig)}
 
 
 def typed_dataclass(cls, options: dict, prefix: str, what: str, exclude=()):
@@ -318,5 +319,3 @@ def resolve_run(cfg: dict) -> RunConfig:
         check_fit(mcfg, pos, scaling, max(run.lengths + [data.seq_len]))
     return run
 
-
-DATA_ANNOTATIONS.update({**dataclass_annotations(DataConfig), **dataclass_annotations(SourceConfig)})

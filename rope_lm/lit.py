@@ -51,6 +51,7 @@ class LitLM(L.LightningModule):
         self.max_steps = max_steps
         self.skips_left = skip_nonfinite
         self.tokenizer_json: str | None = None  # carried in checkpoints so evaluation re-uses the exact tokenizer
+        self._pending_row = self._restored_row = None  # (step, loss) of the latest step; see on_save_checkpoint
         self._forward = self.model
         if compile:
             from rope_lm.compile import maybe_compile
@@ -60,9 +61,15 @@ class LitLM(L.LightningModule):
     def on_save_checkpoint(self, checkpoint):
         if self.tokenizer_json is not None:
             checkpoint["tokenizer_json"] = self.tokenizer_json
+        # Lightning writes a step's checkpoint before that step's metrics reach the logger, so a kill
+        # in between would lose the row for good; the checkpoint carries it (loggers.restore_row).
+        if self._pending_row is not None:
+            step, loss = self._pending_row
+            checkpoint["rope_lm_last_row"] = {"step": step, "metrics": {"train/loss": float(loss)}}
 
     def on_load_checkpoint(self, checkpoint):
         self.tokenizer_json = checkpoint.get("tokenizer_json")
+        self._restored_row = checkpoint.get("rope_lm_last_row")
 
     def forward(self, idx):
         return self.model(idx)
@@ -91,6 +98,7 @@ class LitLM(L.LightningModule):
         if not finite:
             return self._nonfinite(loss)
         self.log("train/loss", loss, prog_bar=True)
+        self._pending_row = (self.trainer.fit_loop.epoch_loop._batches_that_stepped, loss.detach())
         return loss
 
     def _nonfinite(self, loss):
@@ -127,6 +135,10 @@ class LitLM(L.LightningModule):
             for group, base, factor in zip(sched.optimizer.param_groups, sched.base_lrs, sched.lr_lambdas):
                 group["lr"] = base * factor(self.global_step)
             sched._last_lr = [group["lr"] for group in sched.optimizer.param_groups]
+        if self._restored_row is not None and self.logger is not None:
+            from rope_lm.loggers import restore_row
+
+            restore_row(self.logger, self._restored_row)
 
     def configure_optimizers(self):
         opt, sched = build_optimizer(self.model, self.optim, self.max_steps)

@@ -6,6 +6,8 @@ and compare them: the group is `logger.group` (experiment presets set it to
 the study's name), else, in a Hydra multirun, the sweep directory.
 """
 
+import csv
+import glob
 import logging
 import os
 
@@ -98,6 +100,23 @@ def build_logger(options: dict, out_dir: str, run_name: str, config: dict | None
     )
     logger.rope_lm_mode = mode
     return logger
+
+
+def restore_row(logger, row: dict):
+    """Log a resumed checkpoint's last row ({"step", "metrics"}) if no earlier
+    CSV version holds it (a kill landed between the checkpoint and the row).
+    Other loggers keep their own record of what reached them."""
+    if logger.__class__.__name__ != "CSVLogger":
+        return
+    current = os.path.abspath(logger.log_dir)
+    for path in glob.glob(os.path.join(logger.root_dir, "version_*", "metrics.csv")):
+        if os.path.abspath(os.path.dirname(path)) == current:
+            continue
+        with open(path, newline="") as f:
+            for line in csv.DictReader(f):
+                if line.get("step") == str(row["step"]) and all(line.get(k) for k in row["metrics"]):
+                    return
+    logger.log_metrics(row["metrics"], step=row["step"])
 
 
 def finish(logger):

@@ -167,7 +167,7 @@ def train_and_evaluate(run: RunConfig | dict, out_dir: str, logger=None) -> dict
     if init:
         init_from_hparams(init, hparams)
     if ckpt_path:
-        check_resumable(ckpt_path, hparams)
+        check_resumable(ckpt_path, hparams, resumed["hparams"])  # the vocabulary, now that the cache is built
         write_run_config(run, out_dir)  # e.g. the new trainer.max_steps, for the next resume
 
     import lightning as L
@@ -289,7 +289,7 @@ def check_resume(ckpt_path: str, run: RunConfig, out_dir: str) -> dict:
     saved = read_checkpoint(ckpt_path)
     hp = saved["hyper_parameters"]
     check_resumable(ckpt_path, {"model": run.model, "pos": run.pos, "train_len": run.data.seq_len,
-                                "vocab_size": hp.get("vocab_size")})
+                                "vocab_size": hp.get("vocab_size")}, hp)
     done = int(saved.get("global_step") or 0)
     if run.trainer.max_steps <= done:
         raise ConfigError(
@@ -310,7 +310,7 @@ def check_resume(ckpt_path: str, run: RunConfig, out_dir: str) -> dict:
         data_cfg = dataclasses.replace(data_cfg, tokenizer_file=write_tokenizer(tokenizer_json, out_dir))
     corpus = (hp.get("corpus") or {}).get("fingerprint")
     return {"data_cfg": data_cfg, "corpus": (corpus, f"the checkpoint {ckpt_path}") if corpus else None,
-            "steps": done}
+            "hparams": hp}
 
 
 def write_tokenizer(tokenizer_json: str, directory: str) -> str:
