@@ -88,12 +88,18 @@ class Passkey(RetrievalTask):
         return Instance([Needle(P.KEY_SENTENCE.format(key=key), depth)], P.QUESTION, [key])
 
 
+def _keyed(rng: random.Random, n: int, depth: float) -> tuple[list[str], list[str], list[Needle]]:
+    """n words, a number each, their needles: the first at `depth`, the rest anywhere."""
+    words = rng.sample(WORDS, n)
+    values = [_number(rng) for _ in words]
+    depths = [depth] + _others(rng, n - 1)
+    return words, values, [Needle(f" The special magic number for {w} is {v}.", d)
+                           for w, v, d in zip(words, values, depths)]
+
+
 class MultiKey(RetrievalTask):
     def instance(self, rng, depth):
-        words = rng.sample(WORDS, self.n)
-        values = [_number(rng) for _ in words]
-        depths = [depth] + _others(rng, self.n - 1)
-        needles = [Needle(f" The special magic number for {w} is {v}.", d) for w, v, d in zip(words, values, depths)]
+        words, values, needles = _keyed(rng, self.n, depth)
         return Instance(needles, f" What is the special magic number for {words[0]}? The special magic number for "
                                  f"{words[0]} is", [values[0]])
 
@@ -111,10 +117,7 @@ class MultiValue(RetrievalTask):
 
 class MultiQuery(RetrievalTask):
     def instance(self, rng, depth):
-        words = rng.sample(WORDS, self.n)
-        values = [_number(rng) for _ in words]
-        depths = [depth] + _others(rng, self.n - 1)
-        needles = [Needle(f" The special magic number for {w} is {v}.", d) for w, v, d in zip(words, values, depths)]
+        words, values, needles = _keyed(rng, self.n, depth)
         listed = ", ".join(words[:-1]) + f" and {words[-1]}"
         return Instance(needles, f" What are the special magic numbers for {listed}? The special magic numbers for "
                                  f"{listed} are", values)
