@@ -239,13 +239,16 @@ def task_script(*args, cwd, status=0):
 
 def test_task_script_one_run(tmp_path):
     out = tmp_path / "run"
-    done = task_script("task=reverse", "pos=alibi", *SMALL, f"hydra.run.dir={out}", cwd=tmp_path)
+    done = task_script("task=reverse", "pos=alibi", "logger=csv", *SMALL, f"hydra.run.dir={out}", cwd=tmp_path)
     result = json.load(open(out / T.TASK_JSON))
     assert result["task"] == "reverse" and result["scheme"] == "alibi" and result["test_max"] == 9
     assert [b["label"] for b in result["buckets"]] == ["1-3", "4-6", "7-9"]
     for name in (T.TASK_MD, T.TASK_PNG, T.MODEL_FILE):
         assert (out / name).stat().st_size > 0
     assert "| 4-6 | beyond |" in done.stdout
+    (metrics,) = list(out.glob("csv/version_*/metrics.csv"))  # through the run's logger
+    header = open(metrics).readline()
+    assert "train/loss" in header and "task/accuracy_beyond" in header and "task/accuracy@4-6" in header
 
 
 def test_task_script_refuses_a_bad_task_in_one_paragraph(tmp_path):
