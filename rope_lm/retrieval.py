@@ -263,7 +263,7 @@ def evaluate(model, tokenizer, stream, tasks: dict[str, RetrievalTask], lengths:
              samples: int, seed: int = 0, scoring: str = "teacher", batch_size: int = 8, resamples: int = 1000,
              on_cell=None) -> dict:
     """{task: {lengths, depths, accuracy[length][depth], token_accuracy, by_length: [...] with intervals}}.
-    Every prompt is built (and checked) before the first forward pass."""
+    Prompts that could not fit are refused before the first forward pass."""
     if scoring not in SCORING:
         raise ConfigError(f"scoring={scoring!r} must be one of {', '.join(SCORING)}.")
     if samples < 1 or batch_size < 1:
@@ -272,15 +272,22 @@ def evaluate(model, tokenizer, stream, tasks: dict[str, RetrievalTask], lengths:
     longest = max(lengths)
     model.validate_length(longest)
     hay = Haystacks(tokenizer, stream, seed)
-    built = {(name, L, d): [hay.build(task, name, L, d, i) for i in range(samples)]
-             for name, task in tasks.items() for L in lengths for d in depths}
+    if len(stream) <= longest:
+        raise ConfigError(f"The evaluation split has {len(stream)} tokens, fewer than one {longest}-token haystack "
+                          f"needs; use a larger corpus (data.*) or shorter lengths.")
+    # A prompt that does not fit fails at the shortest length: build those before the first forward pass,
+    # the rest cell by cell (all at once would hold every prompt of every length in memory).
+    shortest = {(name, d): [hay.build(task, name, min(lengths), d, i) for i in range(samples)]
+                for name, task in tasks.items() for d in depths}
     device = next(model.parameters()).device
     out = {}
     for t_index, (name, task) in enumerate(tasks.items()):
         cells = {}
         for L in lengths:
             for d in depths:
-                prompts, verdicts = built[(name, L, d)], []
+                prompts = (shortest[(name, d)] if L == min(lengths)
+                           else [hay.build(task, name, L, d, i) for i in range(samples)])
+                verdicts = []
                 for s in range(0, samples, batch_size):
                     chunk = prompts[s : s + batch_size]
                     verdicts += (teacher_forced(model, chunk, device) if scoring == "teacher"

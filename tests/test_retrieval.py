@@ -99,6 +99,20 @@ def test_too_short_and_bad_settings_are_refused(hay):
         R.build_tasks(["multikey"], 1)
 
 
+def test_evaluate_refuses_before_the_first_forward_pass(hay, tokenizer, tiny_cache):
+    def never(b, seen):
+        raise AssertionError("the model ran before the settings were checked")
+
+    model = Scripted(tokenizer.get_vocab_size(), never)
+    with pytest.raises(ConfigError, match="too short"):  # the long length comes first; the short one is refused
+        R.evaluate(model, tokenizer, tiny_cache.tokens("test"), R.build_tasks(["multiquery"], 4), [400, 40], [0.5], 1)
+    with pytest.raises(ConfigError, match="fewer than one"):
+        R.evaluate(model, tokenizer, tiny_cache.tokens("test")[:100], R.build_tasks(["passkey"], 2), [200], [0.5], 1)
+    with pytest.raises(ConfigError, match="scoring='beam'"):
+        R.evaluate(model, tokenizer, tiny_cache.tokens("test"), R.build_tasks(["passkey"], 2), [200], [0.5], 1,
+                   scoring="beam")
+
+
 # --- scoring on hand-made predictions ------------------------------------------------
 
 class Scripted(nn.Module):
