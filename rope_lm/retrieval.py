@@ -233,12 +233,16 @@ class Haystacks:
 
 @torch.no_grad()
 def teacher_forced(model, prompts: list[Prompt], device) -> list[tuple[bool, float]]:
-    """(all answer tokens are the argmax, share that are) per prompt, one forward pass."""
-    ids = torch.tensor([p.ids + p.answer_ids for p in prompts], device=device)
-    n = len(prompts[0].ids)
+    """(all answer tokens are the argmax, share that are) per prompt, one
+    forward pass. Prompts differ in length (numbers take different numbers of
+    tokens), so rows are padded on the right, which a causal model never reads."""
+    rows = [p.ids + p.answer_ids for p in prompts]
+    width = max(len(r) for r in rows)
+    ids = torch.tensor([r + [0] * (width - len(r)) for r in rows], device=device)
     logits = model(ids[:, :-1])
     out = []
     for i, p in enumerate(prompts):
+        n = len(p.ids)
         pred = logits[i, n - 1 : n - 1 + len(p.answer_ids)].argmax(-1).tolist()
         hits = sum(a == b for a, b in zip(pred, p.answer_ids))
         out.append((hits == len(p.answer_ids), hits / len(p.answer_ids)))
@@ -248,14 +252,20 @@ def teacher_forced(model, prompts: list[Prompt], device) -> list[tuple[bool, flo
 @torch.no_grad()
 def greedy(model, prompts: list[Prompt], task: RetrievalTask, tokenizer, device) -> list[tuple[bool, float]]:
     """(the values parsed from the greedy text are exactly the expected ones,
-    share of expected values found at their place)."""
-    ids = torch.tensor([p.ids for p in prompts], device=device)
-    new = max(len(p.answer_ids) for p in prompts) + GREEDY_EXTRA
-    gen = P.greedy_decode(model, ids, new).cpu().tolist()
-    out = []
-    for p, g in zip(prompts, gen):
-        found = task.parse(tokenizer.decode(g))[: len(p.values)]
-        out.append((found == p.values, sum(a == b for a, b in zip(found, p.values)) / len(p.values)))
+    share of expected values found at their place). Decoding appends at the
+    end of every row, so prompts are batched by length."""
+    out = [None] * len(prompts)
+    by_length = {}
+    for i, p in enumerate(prompts):
+        by_length.setdefault(len(p.ids), []).append(i)
+    for group in by_length.values():
+        ids = torch.tensor([prompts[i].ids for i in group], device=device)
+        new = max(len(prompts[i].answer_ids) for i in group) + GREEDY_EXTRA
+        gen = P.greedy_decode(model, ids, new).cpu().tolist()
+        for i, g in zip(group, gen):
+            values = prompts[i].values
+            found = task.parse(tokenizer.decode(g))[: len(values)]
+            out[i] = (found == values, sum(a == b for a, b in zip(found, values)) / len(values))
     return out
 
 

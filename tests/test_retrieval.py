@@ -136,13 +136,14 @@ class Scripted(nn.Module):
 
 
 def test_teacher_forced_scoring(hay, tokenizer):
-    prompts = [hay.build(R.MultiValue(3), "multivalue", 300, 0.5, s) for s in range(3)]
-    n = len(prompts[0].ids)
+    # Different lengths in one batch: what numbers of different token counts give in a real cell.
+    prompts = [hay.build(R.MultiValue(3), "multivalue", 300 + 7 * s, 0.5, s) for s in range(3)]
+    assert len({len(p.ids) for p in prompts}) == 3
 
     def answer(b, seen):
         full = prompts[b].ids + prompts[b].answer_ids
         nxt = full[len(seen)] if len(seen) < len(full) else 0
-        if b == 1 and len(seen) == n + 1:  # second prompt: its second answer token wrong
+        if b == 1 and len(seen) == len(prompts[1].ids) + 1:  # second prompt: its second answer token wrong
             return (nxt + 1) % tokenizer.get_vocab_size()
         return nxt
 
@@ -154,17 +155,22 @@ def test_teacher_forced_scoring(hay, tokenizer):
 
 def test_greedy_scoring_parses_the_values(hay, tokenizer):
     task = R.MultiQuery(2)
-    prompts = [hay.build(task, "multiquery", 300, 0.0, s) for s in range(3)]
+    prompts = [hay.build(task, "multiquery", 300 + 5 * (s % 2), 0.0, s) for s in range(3)]
     texts = [" " + ",".join(prompts[0].values) + ".",  # right values, other spacing: correct
              " " + ", ".join(prompts[1].values[::-1]),  # wrong order
              " " + prompts[2].values[0] + " and nothing else"]  # one of two
     outputs = [tokenizer.encode(t).ids for t in texts]
 
+    which = {tuple(p.ids[:40]): i for i, p in enumerate(prompts)}  # greedy batches by length: rows reorder
+
     def answer(b, seen):
-        done = len(seen) - len(prompts[b].ids)
-        if done < 0:  # inside the prompt: whatever
+        if len(seen) < 40:  # inside the prompt: whatever
             return 0
-        return outputs[b][done] if done < len(outputs[b]) else tokenizer.encode(".").ids[0]
+        i = which[tuple(seen[:40])]
+        done = len(seen) - len(prompts[i].ids)
+        if done < 0:
+            return 0
+        return outputs[i][done] if done < len(outputs[i]) else tokenizer.encode(".").ids[0]
 
     verdicts = R.greedy(Scripted(tokenizer.get_vocab_size(), answer), prompts, task, tokenizer, "cpu")
     assert [v[0] for v in verdicts] == [True, False, False]
