@@ -154,3 +154,14 @@ def ratio_interval(a: Units, b: Units, resamples: int, seed: int, length: int) -
         out.append(_exp(la[ia].sum(1) / ca[ia].sum(1) - lb[ib].sum(1) / cb[ib].sum(1)))
     lo, hi = _percentiles(np.concatenate(out))
     return {"ppl_rel_lo": lo, "ppl_rel_hi": hi, "ppl_rel_paired": False}
+
+
+def mean_interval(values, resamples: int, seed: int, *salt: int) -> tuple[float, float] | tuple[None, None]:
+    """95% percentile interval of the mean of per-item values (e.g. 0/1
+    exact-match outcomes of independent instances, the unit resampled);
+    (None, None) with fewer than two items or no resamples."""
+    values = np.asarray(values, np.float64)
+    if resamples <= 0 or len(values) < 2:
+        return None, None
+    rng = _rng(seed, *salt)
+    return _percentiles(np.concatenate([values[idx].mean(1) for idx in _draws(len(values), resamples, rng)]))

@@ -687,3 +687,134 @@ def log_to_wandb(summary: dict, project: str | None = None, group: str | None = 
     finally:
         run.finish()
     return offline_dir
+
+
+# --- synthetic-task results (rope_lm.task_run) ----------------------------------------
+
+TASK_COLUMNS = ["task", "scheme", "method", "seed", "train_max", "sizes", "inside", "max_tokens", "n", "accuracy",
+                "accuracy_lo", "accuracy_hi", "token_accuracy", "run_dir"]
+
+
+def has_results(paths: list[str]) -> bool:
+    """Whether any results.json (a perplexity run) is named or lies under paths."""
+    for p in paths:
+        if os.path.isfile(p):
+            if os.path.basename(p) == RESULTS_JSON:
+                return True
+        elif os.path.isdir(p):
+            for root, dirs, files in os.walk(p):
+                dirs[:] = [d for d in dirs if d not in SKIP_DIRS and not d.startswith(".")]
+                if RESULTS_JSON in files:
+                    return True
+    return False
+
+
+def find_task_results(paths: list[str]) -> list[str]:
+    """task_results.json files named directly or found (recursively) under directories."""
+    from rope_lm.task_run import TASK_JSON
+
+    found = []
+    for p in paths:
+        if os.path.isfile(p) and os.path.basename(p) == TASK_JSON:
+            found.append(os.path.abspath(p))
+        elif os.path.isdir(p):
+            for root, dirs, files in os.walk(p):
+                dirs[:] = sorted(d for d in dirs if d not in SKIP_DIRS and not d.startswith("."))
+                if TASK_JSON in files:
+                    found.append(os.path.abspath(os.path.join(root, TASK_JSON)))
+    return list(dict.fromkeys(found))
+
+
+def load_task_runs(paths: list[str]) -> list[dict]:
+    runs = []
+    for p in find_task_results(paths):
+        try:
+            with open(p) as f:
+                r = json.load(f)
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"{p} is not valid JSON ({e.msg} at line {e.lineno}); rerun that task.") from None
+        if r.get("kind") != "task" or "buckets" not in r:
+            raise ConfigError(f"{p} is not a rope-lm task results file (no kind: task / buckets).")
+        r["run_dir"] = os.path.dirname(p)
+        runs.append(r)
+    return runs
+
+
+def _task_label(r: dict, seeds: bool) -> str:
+    label = r["scheme"] + ("" if r["method"] == "none" else f" + {r['method']}")
+    return label + (f" (seed {r['seed']})" if seeds else "")
+
+
+def _by_task(runs: list[dict]) -> dict[str, list[dict]]:
+    out = {}
+    for r in sorted(runs, key=lambda r: (r["task"], r["scheme"], r["method"], r.get("seed", 0))):
+        out.setdefault(r["task"], []).append(r)
+    return out
+
+
+def task_table(runs: list[dict]) -> str:
+    """One row per task, one column per scheme (+ method): exact match inside
+    the training sizes / past them, each with its 95% interval below."""
+    from rope_lm.task_run import fmt_acc
+
+    seeds = len({r.get("seed") for r in runs}) > 1
+    labels = list(dict.fromkeys(_task_label(r, seeds) for r in sorted(runs, key=lambda r: (r["scheme"], r["method"]))))
+    lines = ["| task (train sizes → tested) | " + " | ".join(labels) + " |", "|---|" + "---|" * len(labels)]
+    for task, rs in _by_task(runs).items():
+        cells = {_task_label(r, seeds): r for r in rs}
+        first = rs[0]
+        head = f"{task} ({first['train_sizes'][0]}-{first['train_sizes'][1]} → {first['test_max']})"
+        lines.append(f"| {head} | " + " | ".join(
+            f"{fmt_acc(cells[l].get('inside'))} / {fmt_acc(cells[l].get('beyond'))}" if l in cells else "—"
+            for l in labels) + " |")
+    return "\n".join(lines)
+
+
+def task_summary(root: str) -> str | None:
+    """The inside / beyond table of every task run under root, written to
+    <root>/tasks.md; None when there is none."""
+    runs = load_task_runs([root])
+    if not runs:
+        return None
+    text = ("Exact match inside the training sizes / past them (95% bootstrap interval over instances), "
+            f"{len(runs)} runs under {_short(root)}:\n\n" + task_table(runs) + "\n")
+    atomic_write(os.path.join(root, "tasks.md"), text)
+    return text
+
+
+def compare_tasks(paths: list[str], out_dir: str, title: str | None = None) -> dict:
+    """compare_tasks.md (summary table, then accuracy per size bucket across
+    runs for each task), compare_tasks.csv and accuracy_vs_length_<task>.png."""
+    from rope_lm.task_run import fmt_acc, plot_accuracy
+
+    runs = load_task_runs(paths)
+    if not runs:
+        raise ConfigError(f"No task_results.json under {', '.join(paths)}: point compare at scripts/task.py runs.")
+    os.makedirs(out_dir, exist_ok=True)
+    title = title or "Length generalization on synthetic tasks"
+    seeds = len({r.get("seed") for r in runs}) > 1
+    md = [f"# {title}", "", "Exact match inside / past the training sizes:", "", task_table(runs), ""]
+    rows, plots = [], []
+    for task, rs in _by_task(runs).items():
+        train_max = {r["train_sizes"][1] for r in rs}
+        if len(train_max) > 1:
+            md += [f"**{task}**: runs trained on different sizes ({sorted(train_max)}) are tabulated but not "
+                   f"plotted together.", ""]
+        bucket_labels = list(dict.fromkeys(b["label"] for r in rs for b in r["buckets"]))
+        md += [f"## {task}", "", "| run | " + " | ".join(bucket_labels) + " |", "|---|" + "---|" * len(bucket_labels)]
+        for r in rs:
+            by = {b["label"]: b for b in r["buckets"]}
+            md.append(f"| {_task_label(r, seeds)} | " + " | ".join(fmt_acc(by.get(l)) for l in bucket_labels) + " |")
+            rows += [{"task": task, "scheme": r["scheme"], "method": r["method"], "seed": r.get("seed"),
+                      "train_max": r["train_sizes"][1], "sizes": b["label"], "run_dir": r["run_dir"],
+                      **{c: b.get(c) for c in TASK_COLUMNS if c in b and c != "sizes"}} for b in r["buckets"]]
+        md.append("")
+        if len(train_max) == 1:
+            png = os.path.join(out_dir, f"accuracy_vs_length_{task}.png")
+            plot_accuracy(rs, png, f"{title}: {task}")
+            plots.append(png)
+    files = {"markdown": os.path.join(out_dir, "compare_tasks.md"), "csv": os.path.join(out_dir, "compare_tasks.csv"),
+             "plots": plots}
+    atomic_write(files["markdown"], "\n".join(md))
+    atomic_write(files["csv"], to_csv(rows, TASK_COLUMNS))
+    return {"out_dir": out_dir, "files": files, "runs": runs, "rows": rows}

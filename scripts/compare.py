@@ -2,7 +2,9 @@
 Settings and examples: python scripts/compare.py --help (conf/compare.yaml).
 
 Run directories are searched recursively for results.json (train.py runs and
-scripts/eval_extrapolation.py outputs alike). Runs that differ in corpus,
+scripts/eval_extrapolation.py outputs alike) and task_results.json
+(scripts/task.py runs: exact match per size bucket across runs, written to
+compare_tasks.md, compare_tasks.csv and accuracy_vs_length_<task>.png). Runs that differ in corpus,
 tokenizer or training length are refused unless group=true. Writes
 compare.md, compare.csv, ppl_vs_length*.png and per_position*.png to out=
 (default: <the one directory given>/compare).
@@ -20,13 +22,19 @@ from rope_lm.errors import ConfigError
 @hydra.main(config_path="../conf", config_name="compare", version_base="1.3")
 @hydra_task
 def main(cfg):
-    from rope_lm.compare import compare, log_to_wandb
+    from rope_lm.compare import compare, compare_tasks, default_out, find_task_results, has_results, log_to_wandb
 
     logging.basicConfig(level=logging.INFO, format="[%(name)s] %(message)s")
     a = OmegaConf.to_container(cfg, resolve=True)
     paths = ([a["path"]] if a["path"] else []) + list(a["paths"])
     if not paths:
         raise ConfigError("Give the runs to compare: path=<dir or results.json>, or paths=[a,b,...].")
+    if find_task_results(paths):  # scripts/task.py runs: accuracy vs instance size across runs
+        tasks = compare_tasks(paths, a["out"] or default_out(paths), title=a["title"])
+        print(open(tasks["files"]["markdown"]).read())
+        print(f"Task comparison: {tasks['out_dir']}/ (compare_tasks.md, compare_tasks.csv, accuracy_vs_length_*.png)")
+        if not has_results(paths):
+            return
     summary = compare(paths, a["out"], group=a["group"], title=a["title"])
     print(open(summary["files"]["markdown"]).read())
     print(f"Comparison: {summary['out_dir']}/ (compare.md, compare.csv, ppl_vs_length*.png, per_position*.png)")

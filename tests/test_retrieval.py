@@ -1,0 +1,224 @@
+"""Retrieval battery: prompts are deterministic, exactly as long as asked,
+cut from the corpus and carry the target needle at its depth; every task's
+answer is recomputed from the prompt's text by an independent reading;
+teacher-forced and greedy scoring on hand-made predictions; the script end to
+end on a tiny checkpoint, and a bad task name refused before any work."""
+
+import json
+import re
+
+import pytest
+import torch
+from torch import nn
+
+from rope_lm import retrieval as R
+from rope_lm.errors import ConfigError
+from tests.test_diagnostics import assert_one_paragraph, run_script, save_tiny_checkpoint
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_cache):
+    return tiny_cache.tokenizer()
+
+
+@pytest.fixture(scope="module")
+def hay(tiny_cache, tokenizer):
+    return R.Haystacks(tokenizer, tiny_cache.tokens("test"), seed=5)
+
+
+def reread(name: str, text: str, question: str) -> list[str]:
+    """The answer a reader finds in the decoded prompt, without the generator's bookkeeping."""
+    if name == "passkey":
+        return re.findall(r"The pass key is (\d+)\. Remember it\.", text)
+    if name == "multikey":
+        word = re.search(r"magic number for (\w+)\?", question).group(1)
+        return re.findall(rf"The special magic number for {word} is (\d+)\.", text)
+    if name == "multivalue":
+        word = re.search(r"numbers for (\w+)\?", question).group(1)
+        return re.findall(rf"One of the special magic numbers for {word} is (\d+)\.", text)
+    if name == "multiquery":
+        listed = re.search(r"numbers for (.+?)\?", question).group(1)
+        words = re.split(r", | and ", listed)
+        return [re.search(rf"The special magic number for {w} is (\d+)\.", text).group(1) for w in words]
+    value = re.search(r"assigned the value (\d+)", question).group(1)
+    assign = dict((a, b) for a, b in re.findall(r"VAR ([A-Z]{5}) = (\w+)\.", text))
+
+    def resolves(v, seen=()):
+        x = assign[v]
+        return x == value if x.isdigit() else (x not in seen and resolves(x, seen + (v,)))
+
+    return [v for v in re.findall(r"VAR ([A-Z]{5}) =", text) if resolves(v)]
+
+
+@pytest.mark.parametrize("name", list(R.TASKS))
+@pytest.mark.parametrize("depth", [0.0, 0.5, 1.0])
+def test_prompts_are_exact_deterministic_and_answerable(name, depth, hay, tokenizer):
+    task = R.TASKS[name](3)
+    length = 400
+    a = hay.build(task, name, length, depth, sample=1)
+    assert a == hay.build(task, name, length, depth, sample=1)
+    assert a.ids != hay.build(task, name, length, depth, sample=2).ids
+    room = max(R.P.ANSWER_ROOM, len(a.answer_ids) + R.GREEDY_EXTRA)
+    assert len(a.ids) + room == length
+    text, question = tokenizer.decode(a.ids[: a.question_start]), tokenizer.decode(a.ids[a.question_start:])
+    assert reread(name, text, question) == a.values
+    assert tokenizer.decode(a.answer_ids).strip() == ", ".join(a.values)
+
+
+@pytest.mark.parametrize("name", ["passkey", "multikey", "vartrack"])
+def test_the_target_needle_sits_at_its_depth(name, hay, tokenizer):
+    task = R.TASKS[name](3)
+    for depth in (0.0, 0.25, 0.75, 1.0):
+        p = hay.build(task, name, 600, depth, sample=0)
+        at = round(depth * p.fill)
+        # Moved forward to the next sentence end (at most `snap` tokens), or past a needle placed just before.
+        slack = hay.snap if name == "passkey" else 3 * hay.snap
+        assert at <= p.target_offset <= at + slack
+        if name == "passkey":
+            assert p.target_start == p.target_offset
+        target = tokenizer.decode(p.ids[p.target_start:p.target_start + 20])
+        assert re.match(r"\s*(The pass key|The special mag|VAR)", target), target
+
+
+def test_haystacks_are_corpus_text_not_filler(hay, tokenizer, tiny_cache):
+    p = hay.build(R.Passkey(2), "passkey", 500, 0.5, sample=0)
+    stream = [int(t) for t in tiny_cache.tokens("test")]
+    head = p.ids[:50]
+    assert any(stream[i:i + 50] == head for i in range(len(stream) - 50))
+    assert "The grass is green" not in tokenizer.decode(p.ids)
+
+
+def test_too_short_and_bad_settings_are_refused(hay):
+    with pytest.raises(ConfigError, match="too short"):
+        hay.build(R.MultiQuery(4), "multiquery", 40, 0.5, 0)
+    with pytest.raises(ConfigError, match="depth"):
+        hay.build(R.Passkey(2), "passkey", 400, 1.5, 0)
+    with pytest.raises(ConfigError, match="valid tasks are passkey, multikey"):
+        R.build_tasks(["passkey", "haystack"], 4)
+    with pytest.raises(ConfigError, match="needles=1"):
+        R.build_tasks(["multikey"], 1)
+
+
+def test_evaluate_refuses_before_the_first_forward_pass(hay, tokenizer, tiny_cache):
+    def never(b, seen):
+        raise AssertionError("the model ran before the settings were checked")
+
+    model = Scripted(tokenizer.get_vocab_size(), never)
+    with pytest.raises(ConfigError, match="too short"):  # the long length comes first; the short one is refused
+        R.evaluate(model, tokenizer, tiny_cache.tokens("test"), R.build_tasks(["multiquery"], 4), [400, 40], [0.5], 1)
+    with pytest.raises(ConfigError, match="fewer than one"):
+        R.evaluate(model, tokenizer, tiny_cache.tokens("test")[:100], R.build_tasks(["passkey"], 2), [200], [0.5], 1)
+    with pytest.raises(ConfigError, match="scoring='beam'"):
+        R.evaluate(model, tokenizer, tiny_cache.tokens("test"), R.build_tasks(["passkey"], 2), [200], [0.5], 1,
+                   scoring="beam")
+
+
+# --- scoring on hand-made predictions ------------------------------------------------
+
+class Scripted(nn.Module):
+    """Predicts, at every position, the token the script gives for the
+    sequence so far: `answer(prompt_row, generated_so_far)`."""
+
+    def __init__(self, vocab, answer):
+        super().__init__()
+        self.w = nn.Parameter(torch.zeros(1))
+        self.vocab, self.answer = vocab, answer
+
+    def validate_length(self, n):
+        pass
+
+    def forward(self, idx):
+        logits = torch.zeros(idx.shape[0], idx.shape[1], self.vocab)
+        for b, row in enumerate(idx.tolist()):
+            for t in range(len(row)):
+                logits[b, t, self.answer(b, row[: t + 1])] = 1.0
+        return logits
+
+
+def test_teacher_forced_scoring(hay, tokenizer):
+    # Different lengths in one batch: what numbers of different token counts give in a real cell.
+    prompts = [hay.build(R.MultiValue(3), "multivalue", 300 + 7 * s, 0.5, s) for s in range(3)]
+    assert len({len(p.ids) for p in prompts}) == 3
+
+    def answer(b, seen):
+        full = prompts[b].ids + prompts[b].answer_ids
+        nxt = full[len(seen)] if len(seen) < len(full) else 0
+        if b == 1 and len(seen) == len(prompts[1].ids) + 1:  # second prompt: its second answer token wrong
+            return (nxt + 1) % tokenizer.get_vocab_size()
+        return nxt
+
+    verdicts = R.teacher_forced(Scripted(tokenizer.get_vocab_size(), answer), prompts, "cpu")
+    assert [v[0] for v in verdicts] == [True, False, True]
+    k = len(prompts[1].answer_ids)
+    assert verdicts[1][1] == pytest.approx((k - 1) / k) and verdicts[0][1] == 1.0
+
+
+def test_greedy_scoring_parses_the_values(hay, tokenizer):
+    task = R.MultiQuery(2)
+    prompts = [hay.build(task, "multiquery", 300 + 5 * (s % 2), 0.0, s) for s in range(3)]
+    texts = [" " + ",".join(prompts[0].values) + ".",  # right values, other spacing: correct
+             " " + ", ".join(prompts[1].values[::-1]),  # wrong order
+             " " + prompts[2].values[0] + " and nothing else"]  # one of two
+    outputs = [tokenizer.encode(t).ids for t in texts]
+
+    which = {tuple(p.ids[:40]): i for i, p in enumerate(prompts)}  # greedy batches by length: rows reorder
+
+    def answer(b, seen):
+        if len(seen) < 40:  # inside the prompt: whatever
+            return 0
+        i = which[tuple(seen[:40])]
+        done = len(seen) - len(prompts[i].ids)
+        if done < 0:
+            return 0
+        return outputs[i][done] if done < len(outputs[i]) else tokenizer.encode(".").ids[0]
+
+    verdicts = R.greedy(Scripted(tokenizer.get_vocab_size(), answer), prompts, task, tokenizer, "cpu")
+    assert [v[0] for v in verdicts] == [True, False, False]
+    assert [v[1] for v in verdicts] == [1.0, 0.0, 0.5]
+    assert R.VariableTracking(2).parse(" ABCDE, FGHIJ and KLMNO") == ["ABCDE", "FGHIJ", "KLMNO"]
+
+
+def test_evaluate_with_a_perfect_model_is_all_right(hay, tokenizer, tiny_cache):
+    tasks = R.build_tasks(["passkey", "vartrack"], 2)
+    seqs = {}
+    # The model looks the prompt up among the ones the battery builds (same seed), then reads off the answer.
+    for name, task in tasks.items():
+        for L in (200, 300):
+            for d in (0.0, 1.0):
+                for s in range(2):
+                    p = hay.build(task, name, L, d, s)
+                    seqs[tuple(p.ids[:40])] = p.ids + p.answer_ids
+
+    def answer(b, seen):
+        if len(seen) < 40:  # inside the prompt: whatever
+            return 0
+        full = seqs[tuple(seen[:40])]
+        return full[len(seen)] if len(seen) < len(full) else 0
+
+    res = R.evaluate(Scripted(tokenizer.get_vocab_size(), answer), tokenizer, tiny_cache.tokens("test"), tasks,
+                     [200, 300], [0.0, 1.0], samples=2, seed=5, resamples=100)
+    for name in tasks:
+        assert res[name]["accuracy"] == [[1.0, 1.0], [1.0, 1.0]]
+        assert [r["accuracy"] for r in res[name]["by_length"]] == [1.0, 1.0]
+    assert "| passkey | 100%" in R.summary_table(res, 100)
+
+
+# --- the command line ----------------------------------------------------------------
+
+def test_retrieval_script(tiny_cache, tiny_data_options, tmp_path):
+    save_tiny_checkpoint(str(tmp_path / "run" / "checkpoints" / "last.ckpt"), tiny_cache, tiny_data_options,
+                         train_len=256)
+    done = run_script("retrieval.py", f"ckpt={tmp_path / 'run'}", "multipliers=[1,2]", "depths=[0,1]", "samples=2",
+                      "needles=2", "bootstrap=50", cwd=tmp_path)
+    out = tmp_path / "run" / "diagnostics" / "retrieval"
+    result = json.load(open(out / "retrieval.json"))
+    assert list(result["tasks"]) == list(R.TASKS)
+    for name, r in result["tasks"].items():
+        assert r["lengths"] == [256, 512] and len(r["accuracy"]) == 2 and len(r["accuracy"][0]) == 2
+        assert (out / f"retrieval_{name}.png").stat().st_size > 0
+    assert "| vartrack |" in done.stdout and (out / "retrieval.md").exists()
+
+
+def test_retrieval_script_refuses_a_bad_task(tmp_path):
+    done = run_script("retrieval.py", "ckpt=nowhere", "tasks=[passkey,needle]", status=2, cwd=tmp_path)
+    assert_one_paragraph(done, "valid tasks are passkey, multikey")
