@@ -92,3 +92,19 @@ def test_diagnostics_read_an_imported_model(tiny_llama, tmp_path):
     curves = json.load(open(out / "rope_decay.json"))["curves"]
     assert len(curves) == 1 and curves[0]["head_dim"] == 16 and curves[0]["attention_factor"] > 1  # YaRN's factor
     assert json.load(open(out / "rope_decay.json"))["train_len"] == MAX_POS
+
+
+def test_retrieval_battery_on_an_imported_model(tiny_llama, tmp_path):
+    directory, corpus = tiny_llama
+    out = tmp_path / "retrieval"
+    data = [f"+data.path={corpus}", "+data.source=files", "+data.name=local_files", "+data.vocab_size=300",
+            "+data.valid_fraction=0.2", "+data.test_fraction=0.2", f"+data.cache_dir={tmp_path / 'cache'}"]
+    run([f"ckpt=hf:{directory}", "scaling=yarn", "tasks=[passkey,vartrack]", "lengths=[512]", "depths=[0,1]",
+         "needles=2", "samples=2", "bootstrap=0", f"out={out}", *data], "scripts/retrieval.py")
+    result = json.load(open(out / "retrieval.json"))
+    assert result["train_len"] == MAX_POS and result["method"] == "yarn"
+    assert set(result["tasks"]) == {"passkey", "vartrack"}
+    for task in result["tasks"].values():
+        assert task["lengths"] == [512] and task["depths"] == [0, 1] and task["samples"] == 2
+        assert all(0 <= a <= 1 for row in task["accuracy"] for a in row)
+    assert (out / "retrieval_passkey.png").exists() and (out / "retrieval_vartrack.png").exists()
