@@ -309,11 +309,14 @@ def _load_hub(cfg: SourceConfig):
     try:
         return datasets.load_dataset(cfg.hf_name, cfg.hf_config, **cfg.extra)
     except Exception as e:  # the hub raises many types; all mean "could not load"
-        raise ConfigError(
-            f"Could not load the Hugging Face dataset {cfg.hf_name!r} (config {cfg.hf_config!r}): {type(e).__name__}: "
-            f"{str(e).splitlines()[0] if str(e) else ''}. Without network access, set data.path to a local copy "
-            f"(text / JSONL / parquet files)."
-        ) from None
+        raise hub_failure(f"Could not load the Hugging Face dataset {cfg.hf_name!r} (config {cfg.hf_config!r})", e,
+                          "Without network access, set data.path to a local copy (text / JSONL / parquet files).")
+
+
+def hub_failure(what: str, e: Exception, remedy: str) -> ConfigError:
+    """One paragraph for anything the Hugging Face hub raised."""
+    first = str(e).splitlines()[0].rstrip(".") if str(e) else ""
+    return ConfigError(f"{what}: {type(e).__name__}: {first}. {remedy}")
 
 
 def _hub_rows(cfg: SourceConfig, split, name: str):

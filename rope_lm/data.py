@@ -27,7 +27,7 @@ import lightning as L
 import numpy as np
 import torch
 
-from rope_lm.corpus import SPLITS, SourceConfig, quick_key, scan, routed_pieces, train_texts
+from rope_lm.corpus import SPLITS, SourceConfig, hub_failure, quick_key, routed_pieces, scan, train_texts
 from rope_lm.encode import encode_to_files
 from rope_lm.errors import ConfigError
 
@@ -170,17 +170,14 @@ def load_tokenizer(spec: str, setting: str):
         except Exception as e:  # tokenizers raises a bare Exception for a malformed file
             raise ConfigError(f"{setting}={spec!r} is not a readable tokenizer.json ({e}); give the tokenizer.json "
                               f"of a Hugging Face tokenizer (or its name on the hub).") from None
-    if setting == "data.tokenizer_file" or spec.endswith(".json") or os.sep in spec.strip(os.sep) and os.path.exists(os.path.dirname(spec)):
+    if setting == "data.tokenizer_file" or spec.endswith(".json") or spec.startswith((os.sep, ".", "~")):
         raise ConfigError(f"{setting}={spec!r} does not exist; give a tokenizer.json file (or a tokenizer's name on "
                           f"the Hugging Face hub, e.g. gpt2).")
     try:
         tok = Tokenizer.from_pretrained(spec)
     except Exception as e:  # the hub raises many types; all mean "could not load"
-        raise ConfigError(
-            f"{setting}={spec!r} is neither a tokenizer.json file nor a tokenizer the Hugging Face hub could give "
-            f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}). Offline, download its tokenizer.json "
-            f"and give that path."
-        ) from None
+        raise hub_failure(f"{setting}={spec!r} is neither a tokenizer.json file nor a tokenizer the Hugging Face hub "
+                          f"could give", e, "Offline, download its tokenizer.json and give that path.") from None
     return tok, {"tokenizer_sha1": hashlib.sha1(tok.to_str().encode()).hexdigest()}
 
 
@@ -283,6 +280,13 @@ def _quick_reuse(index: str, data: DataConfig) -> TokenCache | None:
     return None
 
 
+def _scan_with_progress(source: SourceConfig):
+    from tqdm.auto import tqdm
+
+    with tqdm(unit="B", unit_scale=True, desc="reading the source", disable=None, mininterval=1) as bar:
+        return scan(source, progress=bar.update)
+
+
 def prepare(data: DataConfig, source: SourceConfig, expect_corpus: tuple[str, str] | None = None) -> TokenCache:
     """Return the token cache for this corpus and tokenizer, building it if
     needed. expect_corpus=(fingerprint, whose): refuse, before tokenizing, a
@@ -304,7 +308,7 @@ def prepare(data: DataConfig, source: SourceConfig, expect_corpus: tuple[str, st
                 _check_corpus(cache.corpus, expect_corpus)
                 log.info("Reusing token cache %s (source unchanged: sizes, mtimes and sampled bytes)", cache.dir)
                 return cache
-        plan = scan(source)
+        plan = _scan_with_progress(source)
         corpus = plan.corpus
         _check_corpus(corpus, expect_corpus)
         settings = {"format": CACHE_FORMAT, "corpus": corpus["fingerprint"], **tokenizer}
