@@ -5,7 +5,7 @@
 
 The corpus is ``size_gb`` of made-up English-like prose (Zipf-distributed
 words, 70-character lines) in ``book_mb`` .txt files, generated once. Each
-build runs in a fresh process (rope_lm.data.prepare: plan + fingerprint,
+build runs in a fresh process (rope_lm.cache.prepare: plan + fingerprint,
 tokenizer training, tokenization, checksums) into an empty cache folder; the
 benchmark samples the build's process tree every 0.2 s and reports its peak
 resident memory (RSS of the main process, largest worker, and the tree's PSS,
@@ -28,17 +28,22 @@ from omegaconf import OmegaConf
 from rope_lm.cli import hydra_task
 
 BUILD = """
-import json, logging, resource, sys
+import dataclasses, json, logging, resource, sys
 logging.basicConfig(level=logging.INFO, format="%(message)s")
-from rope_lm.config import split_data
-from rope_lm.data import prepare
+from rope_lm.cache import DataConfig, prepare
+from rope_lm.corpus import SourceConfig
 import pyarrow, tokenizers, tqdm.auto
 with open("/proc/self/statm") as f:
     base = int(f.read().split()[1]) * resource.getpagesize() / 2**20
-data, source = split_data(json.loads(sys.argv[1]))
+options = json.loads(sys.argv[1])
+source_keys = {f.name for f in dataclasses.fields(SourceConfig)}
+data = DataConfig(**{k: v for k, v in options.items() if k not in source_keys})
+source = SourceConfig(**{k: v for k, v in options.items() if k in source_keys})
 cache = prepare(data, source)
+with open("/proc/self/status") as f:  # VmHWM: ru_maxrss would keep the parent's size from before exec
+    peak = next(int(line.split()[1]) for line in f if line.startswith("VmHWM:")) / 1024
 print("RESULT", json.dumps({"tokens": sum(cache.meta["tokens"].values()), "base_rss_mb": base,
-      "main_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+      "main_rss_mb": peak,
       "worker_rss_mb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024}))
 """
 

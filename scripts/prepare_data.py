@@ -21,7 +21,7 @@ from rope_lm.cli import hydra_task
 @hydra_task
 def main(cfg):
     from rope_lm.config import split_data
-    from rope_lm.data import prepare
+    from rope_lm.cache import prepare
 
     logging.basicConfig(level=logging.INFO, format="[%(name)s] %(message)s")
     data, source = split_data(OmegaConf.to_container(cfg.data, resolve=True))
