@@ -250,3 +250,14 @@ def test_two_ranks_starting_together_share_one_cache_built_once(tiny_data_option
     assert len(dirs) == 1
     assert sum("Building token cache" in log for log in logs) == 1
     assert sum("source unchanged" in log for log in logs) == 1
+
+
+def test_build_settings_out_of_range_are_refused_before_any_work(tiny_data_options, tmp_path):
+    opts = {**tiny_data_options, "cache_dir": str(tmp_path / "cache")}
+    with pytest.raises(ConfigError, match=r"data.num_proc=0 must be a positive number of processes, or null"):
+        _prepare(opts, num_proc=0)
+    with pytest.raises(ConfigError, match=r"data.memory_mb=4 is too small"):
+        _prepare(opts, memory_mb=4)
+    with pytest.raises(ConfigError, match=r"data.doc_start='\(' is not a valid regular expression"):
+        _prepare(opts, doc_start="(")
+    assert not (tmp_path / "cache").exists()
