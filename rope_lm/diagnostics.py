@@ -46,6 +46,12 @@ def load_model(path: str | None, scaling: dict | None = None, device: str = "cpu
     return lit, ckpt
 
 
+def lengths_for(train_len: int, lengths: list[int] | None, multipliers: list[float]) -> list[int]:
+    """The diagnostic's context lengths: `lengths` as given, else each
+    multiplier times the training length."""
+    return lengths or sorted({int(round(m * train_len)) for m in multipliers})
+
+
 def output_dir(out: str | None, ckpt: str, name: str, scaling: dict | None = None) -> str:
     """out=, or a new <run dir>/diagnostics/<name>[_<method>] folder; checked writable."""
     out = out or default_out_dir(ckpt, name + (f"_{scaling['name']}" if scaling else ""))

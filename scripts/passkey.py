@@ -35,7 +35,7 @@ def main(cfg):
     lit, ckpt = D.load_model(a["ckpt"], scaling, a["device"])
     model = lit.model
     train_len = model.cfg.train_len
-    lengths = a["lengths"] or sorted({int(round(m * train_len)) for m in a["multipliers"]})
+    lengths = D.lengths_for(train_len, a["lengths"], a["multipliers"])
     tokenizer = D.checkpoint_tokenizer(lit)
     shortest = P.min_length(tokenizer, a["instructions"])
     if min(lengths) < shortest:

@@ -39,7 +39,7 @@ def main(cfg):
     lit, ckpt = D.load_model(a["ckpt"], scaling, a["device"])
     model = lit.model
     train_len = model.cfg.train_len
-    lengths = a["lengths"] or sorted({int(round(m * train_len)) for m in a["multipliers"]})
+    lengths = D.lengths_for(train_len, a["lengths"], a["multipliers"])
     out = D.output_dir(a["out"], ckpt, "retrieval", scaling)
     tokenizer = D.checkpoint_tokenizer(lit)
     stream = D.checkpoint_tokens(lit, a["split"], os.path.join(out, ".work"), a["data"] or None)
