@@ -194,6 +194,17 @@ class Group:
 
 # --- reading ------------------------------------------------------------------
 
+def files_named(directory: str, name: str) -> list[str]:
+    """Absolute paths of the files called `name` at or below `directory`, in
+    sorted walk order, skipping SKIP_DIRS and hidden folders."""
+    found = []
+    for root, dirs, files in os.walk(directory):
+        dirs[:] = sorted(d for d in dirs if d not in SKIP_DIRS and not d.startswith("."))
+        if name in files:
+            found.append(os.path.abspath(os.path.join(root, name)))
+    return found
+
+
 def find_results(paths: list[str]) -> list[str]:
     """results.json files named directly or found (recursively) under directories."""
     if not paths:
@@ -207,11 +218,7 @@ def find_results(paths: list[str]) -> list[str]:
             continue
         if not os.path.isdir(p):
             raise ConfigError(f"{p} does not exist (resolved from {os.getcwd()}); give run directories, a sweep directory or {RESULTS_JSON} files.")
-        here = []
-        for root, dirs, files in os.walk(p):
-            dirs[:] = sorted(d for d in dirs if d not in SKIP_DIRS and not d.startswith("."))
-            if RESULTS_JSON in files:
-                here.append(os.path.abspath(os.path.join(root, RESULTS_JSON)))
+        here = files_named(p, RESULTS_JSON)
         if not here and not job_dirs(p):
             raise ConfigError(f"No {RESULTS_JSON} under {p}: point compare at finished runs (train.py or scripts/eval_extrapolation.py write one per run).")
         found += here
@@ -697,16 +704,8 @@ TASK_COLUMNS = ["task", "scheme", "method", "seed", "train_max", "sizes", "insid
 
 def has_results(paths: list[str]) -> bool:
     """Whether any results.json (a perplexity run) is named or lies under paths."""
-    for p in paths:
-        if os.path.isfile(p):
-            if os.path.basename(p) == RESULTS_JSON:
-                return True
-        elif os.path.isdir(p):
-            for root, dirs, files in os.walk(p):
-                dirs[:] = [d for d in dirs if d not in SKIP_DIRS and not d.startswith(".")]
-                if RESULTS_JSON in files:
-                    return True
-    return False
+    return any(os.path.basename(p) == RESULTS_JSON if os.path.isfile(p) else
+               os.path.isdir(p) and files_named(p, RESULTS_JSON) for p in paths)
 
 
 def find_task_results(paths: list[str]) -> list[str]:
@@ -718,10 +717,7 @@ def find_task_results(paths: list[str]) -> list[str]:
         if os.path.isfile(p) and os.path.basename(p) == TASK_JSON:
             found.append(os.path.abspath(p))
         elif os.path.isdir(p):
-            for root, dirs, files in os.walk(p):
-                dirs[:] = sorted(d for d in dirs if d not in SKIP_DIRS and not d.startswith("."))
-                if TASK_JSON in files:
-                    found.append(os.path.abspath(os.path.join(root, TASK_JSON)))
+            found += files_named(p, TASK_JSON)
     return list(dict.fromkeys(found))
 
 
