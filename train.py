@@ -24,7 +24,7 @@ def main(cfg):
     from rope_lm.config import resolve_run
     from rope_lm.loggers import build_logger, finish
     from rope_lm.errors import RopeLMError
-    from rope_lm.pipeline import mark_failed, start_run, train_and_evaluate
+    from rope_lm.pipeline import continue_run, mark_failed, start_run, train_and_evaluate
     from rope_lm.report import RESULTS_MD
 
     config = OmegaConf.to_container(cfg, resolve=True)
@@ -32,6 +32,12 @@ def main(cfg):
     out_dir = hc.runtime.output_dir
     try:
         run = resolve_run(config)  # every setting checked once, before any work
+        if run.existing == "continue" and not run.ckpt_path:  # resume= names its checkpoint itself
+            run, what = continue_run(run, out_dir)
+            print(f"rope-lm: {os.path.relpath(out_dir, hc.runtime.cwd)}: {what}"
+                  f"{'' if run else '; skipped'} (existing=continue).", file=sys.stderr)
+            if run is None:
+                return {"skipped": what}
         start_run(run, out_dir)  # the folder is this run's (or its resume's) before anything is written there
         run_name = run.run_name or os.path.relpath(out_dir, hc.runtime.cwd)
         logger = build_logger(run.logger, out_dir, run_name, config=config)

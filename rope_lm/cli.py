@@ -94,10 +94,18 @@ class SweepSummary(Callback):
     def __init__(self):
         self.jobs: list[dict] = []
         self.path: str | None = None
+        self.earlier: dict = {}
+        self.skipped = 0
         self.printed = False
 
     def on_multirun_start(self, config, **kwargs):
         self.path = os.path.join(config.hydra.sweep.dir, "jobs.json")
+        # A study continued in another sitting (existing=continue) adds to the record of the earlier ones.
+        try:
+            with open(self.path) as f:
+                self.earlier = {j["output_dir"]: j for j in json.load(f)}
+        except (OSError, ValueError, KeyError, TypeError):
+            self.earlier = {}
         # Hydra re-raises the first failure after the last job, which skips
         # on_multirun_end; exit handlers still run.
         atexit.register(self.print_summary)
@@ -109,19 +117,25 @@ class SweepSummary(Callback):
             return
         failed = job_return.status == JobStatus.FAILED
         error = job_return._return_value if failed else None
-        self.jobs.append({
-            "num": config.hydra.job.num,
-            "status": "failed" if failed else "completed",
-            "overrides": list(job_return.overrides or []),
-            "output_dir": config.hydra.runtime.output_dir,
-            "error": str(error) if error is not None else None,
-        })
-        if self.path:
-            os.makedirs(os.path.dirname(self.path), exist_ok=True)
-            tmp = self.path + ".tmp"
-            with open(tmp, "w") as f:
-                json.dump(self.jobs, f, indent=1)
-            os.replace(tmp, self.path)
+        returned = None if failed else job_return._return_value
+        skipped = returned.get("skipped") if isinstance(returned, dict) else None
+        out = config.hydra.runtime.output_dir
+        self.skipped += bool(skipped)
+        if skipped and out in self.earlier:
+            job = self.earlier[out]  # complete, or running elsewhere: its record stays as that sitting wrote it
+        else:
+            job = {"num": config.hydra.job.num, "status": "failed" if failed else "skipped" if skipped else "completed",
+                   "overrides": list(job_return.overrides or []), "output_dir": out,
+                   "error": str(error) if error is not None else None}
+            if skipped:
+                job["reason"] = skipped
+        self.jobs.append(job)
+        merged = {**self.earlier, **{j["output_dir"]: j for j in self.jobs}}
+        os.makedirs(os.path.dirname(self.path), exist_ok=True)
+        tmp = self.path + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(sorted(merged.values(), key=lambda j: (j["num"], j["output_dir"])), f, indent=1)
+        os.replace(tmp, self.path)
 
     def on_multirun_end(self, config, **kwargs):
         self.print_summary()
@@ -131,8 +145,9 @@ class SweepSummary(Callback):
             return
         self.printed = True
         failed = [j for j in self.jobs if j["status"] == "failed"]
+        skipped = f", {self.skipped} of them skipped (existing=continue)" if self.skipped else ""
         if not failed:
-            print(f"\nrope-lm sweep: all {len(self.jobs)} jobs completed ({self.path}).", file=sys.stderr)
+            print(f"\nrope-lm sweep: all {len(self.jobs)} jobs completed{skipped} ({self.path}).", file=sys.stderr)
             return
         lines = [f"\nrope-lm sweep: {len(failed)} of {len(self.jobs)} jobs failed ({self.path}):"]
         for j in failed:

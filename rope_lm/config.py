@@ -53,6 +53,11 @@ class TrainerConfig:
             raise ConfigError(f"trainer.deterministic={self.deterministic!r} must be true, false, auto or warn.")
 
 
+# refuse: a folder that holds another run's files is never written to. continue: a study run
+# again with the same command finishes what is missing (rope_lm.pipeline.continue_run).
+EXISTING = ("refuse", "continue")
+
+
 @dataclass
 class RunConfig:
     model: dict
@@ -69,6 +74,7 @@ class RunConfig:
     init_from: str | None = None
     run_name: str | None = None
     study: dict = field(default_factory=dict)
+    existing: str = "refuse"  # what a run does with a folder that holds a run already (EXISTING)
     lengths: list[int] = field(default_factory=list)  # evaluation lengths, resolved once
     raw: dict = field(default_factory=dict)  # the settings as given (for results.json and the checkpoint)
 
@@ -291,9 +297,9 @@ def resolve_run(cfg: dict) -> RunConfig:
             f"Unknown top-level setting(s) {', '.join(unknown)}; valid ones are {', '.join(sorted(TOP_LEVEL))} "
             f"(put a study's own variables under `study.`)."
         )
-    top = typed({k: cfg[k] for k in ("seed", "ckpt_path", "init_from", "run_name", "study") if k in cfg},
-                {"seed": int, "ckpt_path": str | None, "init_from": str | None, "run_name": str | None, "study": dict},
-                "", "run")
+    top = typed({k: cfg[k] for k in ("seed", "ckpt_path", "init_from", "run_name", "study", "existing") if k in cfg},
+                {"seed": int, "ckpt_path": str | None, "init_from": str | None, "run_name": str | None, "study": dict,
+                 "existing": typing.Literal[EXISTING]}, "", "run")
 
     data, source = split_data(cfg.get("data") or {})
 

@@ -139,11 +139,15 @@ def train_and_evaluate(run: RunConfig | dict, out_dir: str, logger=None) -> dict
     the corpus is tokenized."""
     run = run if isinstance(run, RunConfig) else resolve_run(run)
     ckpt_path = start_run(run, out_dir)
+    # existing=continue on a run whose training is done: only its evaluation is left.
+    trained = bool(ckpt_path) and run.existing == "continue" and _trained_steps(ckpt_path) >= run.trainer.max_steps
+    resumed = check_resume(ckpt_path, run, out_dir, trained) if ckpt_path else None
+    if trained:
+        return finish_evaluation(run, ckpt_path, out_dir, resumed, logger)
     data_cfg = run.data
     init = load_init_from(run, out_dir) if run.init_from else None
     if init:
         data_cfg = init["data_cfg"]
-    resumed = check_resume(ckpt_path, run, out_dir) if ckpt_path else None
     state = {}
 
     def write_partial(trainer):
@@ -258,6 +262,104 @@ def claim_run_dir(out_dir: str, ckpt_path: str | None) -> None:
     _claimed[os.path.abspath(out_dir)] = (lock, True)
 
 
+IGNORED_BY_CONTINUE = {"ckpt_path", "existing"}
+
+
+def continue_run(run: RunConfig, out_dir: str) -> tuple[RunConfig | None, str]:
+    """existing=continue: what is left to do in this run folder, so that a
+    study's command run again (in another sitting, or on another machine
+    sharing the folder) finishes it with the files one uninterrupted run
+    would have written. Returns (the run to start, with ckpt_path set for a
+    resume; or None when nothing is left for this process, and why).
+
+    The folder is claimed first: a folder another process holds is skipped,
+    so two machines running one study never train the same run. A folder
+    whose run.yaml records other settings is refused: continuing would mix
+    two experiments under one name."""
+    from filelock import FileLock, Timeout
+
+    from rope_lm.sweep import job_state
+
+    os.makedirs(out_dir, exist_ok=True)
+    lock = FileLock(os.path.join(out_dir, ".run.lock"))
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        return None, "another process is running it"
+    try:
+        _check_same_settings(run, out_dir)
+        if os.path.exists(os.path.join(out_dir, RESULTS_JSON)) and job_state(out_dir)["state"] == "complete":
+            lock.release()
+            return None, "its results are complete"
+        last = os.path.join(out_dir, "checkpoints", "last.ckpt")
+        if os.path.isfile(last):
+            done = int(read_checkpoint(last).get("global_step") or 0)
+            _claimed[os.path.abspath(out_dir)] = (lock, False)
+            what = "evaluating its final checkpoint" if done >= run.trainer.max_steps else f"resuming from step {done}"
+            return dataclasses.replace(run, ckpt_path=last), what
+        # Stopped before its first checkpoint: nothing to keep but the record of how it stopped.
+        stale = os.path.join(out_dir, RESULTS_JSON)
+        if os.path.exists(stale):
+            os.remove(stale)
+        _claimed[os.path.abspath(out_dir)] = (lock, True)
+        write_run_config(run, out_dir)
+        return run, "starting"
+    except BaseException:
+        _claimed.pop(os.path.abspath(out_dir), None)
+        lock.release()
+        raise
+
+
+def _check_same_settings(run: RunConfig, out_dir: str) -> None:
+    import yaml
+
+    path = os.path.join(out_dir, RUN_CONFIG)
+    if not os.path.isfile(path):
+        return
+    with open(path) as f:
+        saved = yaml.safe_load(f) or {}
+    given = json.loads(json.dumps(run.raw))  # the types yaml gives back (tuples as lists)
+    differ = _differences({k: v for k, v in saved.items() if k not in IGNORED_BY_CONTINUE},
+                          {k: v for k, v in given.items() if k not in IGNORED_BY_CONTINUE})
+    if differ:
+        shown = "; ".join(f"{key}: {a!r} there, {b!r} now" for key, a, b in differ[:4])
+        raise ConfigError(
+            f"existing=continue: the run folder {out_dir} holds a run with other settings ({shown}"
+            f"{'; ...' if len(differ) > 4 else ''}), so it is neither skipped nor continued. Run the study's "
+            f"original command to finish it, or give these settings their own folder (another hydra.sweep.dir)."
+        )
+
+
+def _differences(a, b, prefix: str = "") -> list[tuple]:
+    if isinstance(a, dict) and isinstance(b, dict):
+        out = []
+        for key in sorted(set(a) | set(b), key=str):
+            out += _differences(a.get(key), b.get(key), f"{prefix}{key}.")
+        return out
+    return [] if a == b else [(prefix.rstrip("."), a, b)]
+
+
+def finish_evaluation(run: RunConfig, ckpt_path: str, out_dir: str, resumed: dict, logger=None) -> dict:
+    """The evaluation of a run whose training is done (its final checkpoint
+    is in the folder) but whose results are not complete: the checkpoint's
+    model, on the corpus it was trained on (check_resume), every length again."""
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    lit, _ = load_checkpoint(ckpt_path, device)
+    cache = prepare(resumed["data_cfg"], run.source, expect_corpus=resumed["corpus"])
+    previous = {}
+    try:
+        with open(os.path.join(out_dir, RESULTS_JSON)) as f:
+            previous = json.load(f).get("training") or {}
+    except (OSError, ValueError):
+        pass
+    training = {"steps": int(read_checkpoint(ckpt_path).get("global_step") or 0),
+                "checkpoint_dir": os.path.join(out_dir, "checkpoints"),
+                "val_loss": previous.get("val_loss"), "train_loss": previous.get("train_loss")}
+    results = new_results(run.raw, cache.corpus, run.data.seq_len, run.pos["name"], status="complete", training=training)
+    run_obj = getattr(logger, "experiment", None) if logger is not None and logger.__class__.__name__ == "WandbLogger" else None
+    return evaluate_and_report(lit.model, cache, run.eval, [run.scaling], out_dir, results, run_obj)
+
+
 def mark_failed(out_dir: str, config: dict, error: Exception) -> None:
     """results.json of a run that stopped on an error says so (status
     'failed' and the message), so a sweep's comparison lists it. Only in a
@@ -282,16 +384,21 @@ def mark_failed(out_dir: str, config: dict, error: Exception) -> None:
     except (OSError, RopeLMError):
         pass  # the error being reported is likely this very disk
 
-def check_resume(ckpt_path: str, run: RunConfig, out_dir: str) -> dict:
-    """Before any work: the resumed run trains at least one more step, on the
-    corpus its checkpoint was trained on, with the checkpoint's tokenizer.
-    Returns the data settings to use and the corpus fingerprint to expect."""
+def _trained_steps(ckpt_path: str) -> int:
+    return int(read_checkpoint(ckpt_path).get("global_step") or 0)
+
+
+def check_resume(ckpt_path: str, run: RunConfig, out_dir: str, trained: bool = False) -> dict:
+    """Before any work: the resumed run trains at least one more step (unless
+    only its evaluation is left, `trained`), on the corpus its checkpoint was
+    trained on, with the checkpoint's tokenizer. Returns the data settings to
+    use and the corpus fingerprint to expect."""
     saved = read_checkpoint(ckpt_path)
     hp = saved["hyper_parameters"]
     check_resumable(ckpt_path, {"model": run.model, "pos": run.pos, "train_len": run.data.seq_len,
                                 "vocab_size": hp.get("vocab_size")}, hp)
     done = int(saved.get("global_step") or 0)
-    if run.trainer.max_steps <= done:
+    if run.trainer.max_steps <= done and not trained:
         raise ConfigError(
             f"The checkpoint {ckpt_path} has already trained {done} steps, and trainer.max_steps="
             f"{run.trainer.max_steps} asks for no more. To train longer give a larger total, e.g. "

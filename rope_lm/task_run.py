@@ -21,17 +21,19 @@ size bucket with a 95% bootstrap interval over instances.
 """
 
 from dataclasses import dataclass
+import json
 import logging
 import math
 import os
 import random
 import time
+import typing
 
 import torch
 import torch.nn.functional as F
 
 from rope_lm import bootstrap
-from rope_lm.config import DERIVED_MODEL_KEYS, dataclass_annotations, typed, typed_component, typed_dataclass
+from rope_lm.config import DERIVED_MODEL_KEYS, EXISTING, dataclass_annotations, typed, typed_component, typed_dataclass
 from rope_lm.errors import ConfigError
 from rope_lm.lit import OptimConfig, build_optimizer
 from rope_lm.model import ModelConfig, build_model, check_fit
@@ -45,7 +47,7 @@ log = logging.getLogger("rope_lm")
 TASK_JSON, TASK_MD, TASK_PNG = "task_results.json", "task_results.md", "accuracy_vs_length.png"
 MODEL_FILE = "model.pt"
 SECTIONS = ("model", "pos", "scaling", "task", "sizes", "train", "eval", "optim", "logger", "seed", "device",
-            "threads", "run_name")
+            "threads", "run_name", "existing")
 
 
 @dataclass
@@ -117,6 +119,7 @@ class TaskRun:
     threads: int | None
     run_name: str | None
     raw: dict
+    existing: str = "refuse"
 
 
 def resolve_task_run(cfg: dict) -> TaskRun:
@@ -126,8 +129,9 @@ def resolve_task_run(cfg: dict) -> TaskRun:
     if unknown:
         raise ConfigError(f"Unknown setting(s) {', '.join(unknown)} for a task run; valid ones are "
                           f"{', '.join(SECTIONS)}.")
-    top = typed({k: cfg[k] for k in ("seed", "device", "threads", "run_name") if k in cfg},
-                {"seed": int, "device": str, "threads": int | None, "run_name": str | None}, "", "task run")
+    top = typed({k: cfg[k] for k in ("seed", "device", "threads", "run_name", "existing") if k in cfg},
+                {"seed": int, "device": str, "threads": int | None, "run_name": str | None,
+                 "existing": typing.Literal[EXISTING]}, "", "task run")
     if top.get("threads") is not None and top["threads"] < 1:
         raise ConfigError(f"threads={top['threads']} must be a positive number of CPU threads, or null (torch's default).")
     if top.get("device", "cpu") not in ("cpu", "cuda", "auto"):
@@ -143,7 +147,7 @@ def resolve_task_run(cfg: dict) -> TaskRun:
         eval=typed_dataclass(TaskEval, cfg.get("eval") or {}, "eval.", "eval"),
         optim=typed_dataclass(OptimConfig, cfg.get("optim") or {}, "optim.", "optim"),
         logger=cfg.get("logger") or {"name": "none"}, seed=top.get("seed", 0), device=top.get("device", "cpu"),
-        threads=top.get("threads"), run_name=top.get("run_name"), raw=cfg,
+        threads=top.get("threads"), run_name=top.get("run_name"), raw=cfg, existing=top.get("existing", "refuse"),
     )
     task = build_task(run.task)
     task.check_size(run.sizes.train_min, "sizes.train_min")
@@ -311,6 +315,31 @@ def score(sizes: Sizes, task, tests: dict, scored: dict, resamples: int, seed: i
         if values:
             pooled[name] = _interval_fields(values, resamples, seed, (1000 + len(pooled),))
     return {"buckets": rows, **pooled}
+
+
+def finished(run: TaskRun, out_dir: str) -> bool:
+    """Whether out_dir holds this run's complete results already: with
+    existing=continue it is skipped (a task run is short: one that stopped
+    part-way starts over); with refuse, a folder with results is refused."""
+    if run.existing == "refuse":
+        if os.path.exists(os.path.join(out_dir, TASK_JSON)):
+            raise ConfigError(f"{out_dir} already holds a task run's results ({TASK_JSON}); this run would overwrite "
+                              f"them, so it was not started. Leave hydra.run.dir at its default (unique per run), "
+                              f"or set existing=continue to skip a run whose results are complete.")
+        return False
+    try:
+        with open(os.path.join(out_dir, TASK_JSON)) as f:
+            done = json.load(f)
+    except (OSError, ValueError):
+        return False
+    if done.get("status") != "complete":
+        return False
+    if json.loads(json.dumps({k: v for k, v in done.get("config", {}).items() if k != "existing"})) != \
+            json.loads(json.dumps({k: v for k, v in run.raw.items() if k != "existing"})):
+        raise ConfigError(f"existing=continue: {out_dir} holds a task run with other settings, so it is neither "
+                          f"skipped nor run again. Run the study's original command to finish it, or give these "
+                          f"settings their own folder (another hydra.sweep.dir).")
+    return True
 
 
 def run_task(run: TaskRun, out_dir: str, logger=None) -> dict:

@@ -78,6 +78,24 @@ def applicable(scheme, names: list[str]) -> tuple[list[str], list[str]]:
 
 
 def evaluate(ckpt: str, methods: list[str], out: str, settings: list[str]):
+    """A zero-shot evaluation step; a study run again skips it once its
+    results are complete, and redoes it (deterministic) if they are not."""
+    from rope_lm.report import RESULTS_JSON
+    from rope_lm.sweep import job_state
+
+    results = os.path.join(out, RESULTS_JSON)
+    if os.path.exists(results):
+        import json
+
+        with open(results) as f:
+            done = [m.get("name") for m in (json.load(f).get("config") or {}).get("methods") or []]
+        if sorted(done) != sorted(methods):
+            raise ConfigError(f"{out} holds an evaluation of other methods ({', '.join(map(str, done))}, not "
+                              f"{', '.join(methods)}); give this study its own out= folder.")
+        if job_state(out)["state"] == "complete":
+            print(f"\n=== zero-shot evaluation ({', '.join(methods)}): {out} is complete; skipped", flush=True)
+            return
+        os.remove(results)  # a part-way evaluation of this same step: measured again from the start
     run_step(f"zero-shot evaluation ({', '.join(methods)})",
              ["scripts/eval_extrapolation.py", f"ckpt={os.path.abspath(ckpt)}", f"scaling={','.join(methods)}",
               *settings, f"out={os.path.abspath(out)}"])

@@ -35,7 +35,7 @@ def main(cfg):
     from hydra.types import RunMode
 
     from rope_lm.loggers import build_logger, finish
-    from rope_lm.task_run import markdown, resolve_task_run, run_task
+    from rope_lm.task_run import finished, markdown, resolve_task_run, run_task
 
     logging.basicConfig(level=logging.INFO, format="[%(name)s] %(message)s")
     config = OmegaConf.to_container(cfg, resolve=True)
@@ -46,6 +46,10 @@ def main(cfg):
         # Hydra re-raises a failed job after the last one and skips code after main(); exit handlers still run.
         _SWEEPS.add(hc.sweep.dir)
         atexit.register(summarize, hc.sweep.dir)
+    if finished(run, out_dir):
+        print(f"rope-lm: {os.path.relpath(out_dir, hc.runtime.cwd)}: its results are complete; skipped "
+              f"(existing=continue).")
+        return {"skipped": "its results are complete"}
     logger = build_logger(run.logger, out_dir, run.run_name or os.path.relpath(out_dir, hc.runtime.cwd),
                           config={**config, "data": {}})
     try:

@@ -270,3 +270,18 @@ def test_sweep_prints_the_table_and_compare_reads_it(tmp_path):
     rows = open(tmp_path / "sweep" / "compare" / "compare_tasks.csv").read().splitlines()
     assert len(rows) == 1 + 4 * 3  # header + 4 runs x 3 buckets
     assert (tmp_path / "sweep" / "compare" / "accuracy_vs_length_copy.png").exists()
+
+
+def test_a_task_run_again_is_refused_or_skipped(tmp_path):
+    out = tmp_path / "run"
+    args = ["task=copy", "pos=nope", *SMALL, f"hydra.run.dir={out}"]
+    task_script(*args, cwd=tmp_path)
+    first = (out / T.TASK_JSON).read_bytes()
+    refused = task_script(*args, cwd=tmp_path, status=2)
+    assert "already holds a task run's results" in " ".join(refused.stderr.split())
+    skipped = task_script(*args, "existing=continue", cwd=tmp_path)
+    assert "results are complete; skipped" in skipped.stdout
+    assert (out / T.TASK_JSON).read_bytes() == first
+    other = task_script("task=copy", "pos=nope", *SMALL, "train.steps=5", f"hydra.run.dir={out}", "existing=continue",
+                        cwd=tmp_path, status=2)
+    assert "holds a task run with other settings" in " ".join(other.stderr.split())

@@ -1,0 +1,117 @@
+"""existing=continue: a study's command run again finishes what is missing
+(complete runs skipped, an interrupted run resumed, a half-done evaluation
+finished) and ends with the results of one uninterrupted run."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from filelock import FileLock
+
+from rope_lm.config import resolve_run
+from rope_lm.errors import ConfigError
+from rope_lm.pipeline import RUN_CONFIG, continue_run
+from tests.conftest import ROOT, cli_overrides
+
+STEPS = 60
+
+
+def sweep_cmd(tiny_data_options, sweep_dir):
+    args = cli_overrides(tiny_data_options, "unused", **{
+        "trainer.max_steps": STEPS, "trainer.val_every_n_steps": 30, "trainer.ckpt_every_n_steps": 5,
+        "trainer.log_every_n_steps": 10, "existing": "continue"})
+    args = [a for a in args if not a.startswith("hydra.run.dir=")]
+    return [sys.executable, "train.py", "-m", "pos=rope,alibi", *args, f"hydra.sweep.dir={sweep_dir}"]
+
+
+def rows(run_dir):
+    with open(os.path.join(run_dir, "results.json")) as f:
+        results = json.load(f)
+    return results["status"], [(r["length"], r["ppl"], r["ppl_beyond"]) for r in results["results"]]
+
+
+def jobs(sweep_dir):
+    with open(os.path.join(sweep_dir, "jobs.json")) as f:
+        return [(os.path.basename(j["output_dir"]), j["status"]) for j in json.load(f)]
+
+
+def test_a_study_in_sittings_ends_like_one_uninterrupted_run(tiny_data_options, tmp_path):
+    whole, parts = str(tmp_path / "whole"), str(tmp_path / "parts")
+    done = subprocess.run(sweep_cmd(tiny_data_options, whole), cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    names = sorted(d for d in os.listdir(whole) if d[0].isdigit())
+    assert names == ["0_rope_none_L16", "1_alibi_none_L16"]
+
+    # Sitting 1: killed while the second run trains (after one of its checkpoints).
+    proc = subprocess.Popen(sweep_cmd(tiny_data_options, parts), cwd=ROOT, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    ckpt = os.path.join(parts, names[1], "checkpoints", "last.ckpt")
+    deadline = time.time() + 300
+    while not os.path.exists(ckpt) and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.01)
+    assert proc.poll() is None, "the sweep ended before it could be interrupted"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not os.path.exists(os.path.join(parts, names[1], "results.json")) or \
+        rows(os.path.join(parts, names[1]))[0] != "complete"
+    # ... and the first run's evaluation is cut short too: one length missing, as a crash there leaves it.
+    first = os.path.join(parts, names[0], "results.json")
+    with open(first) as f:
+        results = json.load(f)
+    results["results"], results["status"] = results["results"][:-1], "evaluating"
+    with open(first, "w") as f:
+        json.dump(results, f)
+
+    # Sitting 2: the same command finishes the first run's evaluation and resumes the second.
+    again = subprocess.run(sweep_cmd(tiny_data_options, parts), cwd=ROOT, capture_output=True, text=True)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "evaluating its final checkpoint" in again.stderr and "resuming from step" in again.stderr
+    for name in names:
+        assert rows(os.path.join(parts, name)) == rows(os.path.join(whole, name))
+    assert jobs(parts) == jobs(whole) == [(names[0], "completed"), (names[1], "completed")]
+
+    # Sitting 3: nothing left; nothing is touched.
+    stamps = {n: os.path.getmtime(os.path.join(parts, n, "results.json")) for n in names}
+    third = subprocess.run(sweep_cmd(tiny_data_options, parts), cwd=ROOT, capture_output=True, text=True)
+    assert third.returncode == 0, third.stderr[-3000:]
+    assert third.stderr.count("its results are complete; skipped") == 2
+    assert "2 of them skipped" in third.stderr
+    assert stamps == {n: os.path.getmtime(os.path.join(parts, n, "results.json")) for n in names}
+    assert jobs(parts) == jobs(whole)
+
+
+def settings(tiny_data_options, **extra):
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    overrides = [a for a in cli_overrides(tiny_data_options, "unused", **extra) if not a.startswith("hydra.")]
+    with initialize_config_dir(config_dir=os.path.join(ROOT, "conf"), version_base="1.3"):
+        cfg = compose("config", overrides=overrides)
+    return resolve_run(OmegaConf.to_container(cfg, resolve=True))
+
+
+def test_continue_refuses_a_folder_with_other_settings(tiny_data_options, tmp_path):
+    run = settings(tiny_data_options, **{"trainer.max_steps": 10, "existing": "continue"})
+    import yaml
+
+    (tmp_path / RUN_CONFIG).write_text(yaml.safe_dump({**run.raw, "trainer": {**run.raw["trainer"], "max_steps": 20}}))
+    with pytest.raises(ConfigError, match=r"other settings \(trainer.max_steps: 20 there, 10 now\)"):
+        continue_run(run, str(tmp_path))
+
+
+def test_continue_skips_a_folder_another_process_holds(tiny_data_options, tmp_path):
+    run = settings(tiny_data_options, **{"existing": "continue"})
+    with FileLock(str(tmp_path / ".run.lock")):
+        assert continue_run(run, str(tmp_path)) == (None, "another process is running it")
+
+
+def test_continue_starts_a_run_that_stopped_before_its_first_checkpoint(tiny_data_options, tmp_path):
+    run = settings(tiny_data_options, **{"existing": "continue"})
+    (tmp_path / "results.json").write_text(json.dumps({"status": "failed", "error": "killed", "results": []}))
+    started, what = continue_run(run, str(tmp_path))
+    assert what == "starting" and started.ckpt_path is None
+    assert not (tmp_path / "results.json").exists() and (tmp_path / RUN_CONFIG).exists()
