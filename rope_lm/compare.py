@@ -347,9 +347,27 @@ def _label(g: Group):
         counts[s.label] = counts.get(s.label, 0) + 1
     dirs = [s.run_dir for s in g.series]
     root = os.path.commonpath(dirs) if len(set(dirs)) > 1 else os.path.dirname(dirs[0])
-    for s in g.series:
-        if counts[s.label] > 1:
-            s.label += f" ({os.path.relpath(s.run_dir, root)})"
+    for label in [l for l, n in counts.items() if n > 1]:
+        same = [s for s in g.series if s.label == label]
+        # Runs of one scheme that differ in settings (a budget sweep: trainer.max_steps=600,2000) are named by
+        # those settings; seed replicas, which differ in nothing else, by their folders.
+        flat = [_flatten(json.loads(s.setting.split("|", 2)[2])) for s in same]
+        keys = sorted(k for k in set().union(*flat) if len({json.dumps(f.get(k), sort_keys=True) for f in flat}) > 1
+                      and not k.startswith(("ckpt_path", "init_from", "existing")))
+        for s, f in zip(same, flat):
+            shown = ", ".join(f"{k}={f.get(k)}" for k in keys)
+            s.label += f" ({shown})" if shown and len({json.dumps([f.get(k) for k in keys]) for f in flat}) == len(same) \
+                else f" ({os.path.relpath(s.run_dir, root)})"
+
+
+def _flatten(d, prefix: str = "") -> dict:
+    out = {}
+    for k, v in (d or {}).items():
+        if isinstance(v, dict):
+            out.update(_flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
 
 
 # --- views ----------------------------------------------------------------------

@@ -407,3 +407,16 @@ def test_run_wandb_log2_length_table_and_interval_in_summary(tmp_path):
     assert chart.spec.fields == {"x": "log2_length", "y": "ppl", "stroke": "series"} and chart.table is table
     assert run.summary["ppl@128/none"] == 20.0 and run.summary["ppl@128/none/lo"] == 19.0
     assert run.summary["ppl@2x/none/hi"] == 21.0
+
+
+def test_runs_of_one_scheme_are_named_by_the_settings_they_differ_in(tmp_path):
+    """A budget sweep (trainer.max_steps=600,2000): one row per budget, named by it."""
+    for i, steps in enumerate((600, 2000)):
+        d = write_run(tmp_path / "budget" / f"{i}_rope", "rope", {"none": lambda L, s=steps: 10.0 * L / 64 + 1000 / s})
+        results = json.load(open(os.path.join(d, "results.json")))
+        results["config"]["trainer"] = {"max_steps": steps, "val_every_n_steps": 200}
+        json.dump(results, open(os.path.join(d, "results.json"), "w"))
+    out = tmp_path / "cmp"
+    compare([str(tmp_path / "budget")], str(out))
+    labels = {r["label"] for r in read_csv(out / "compare.csv")}
+    assert labels == {"rope (trainer.max_steps=600)", "rope (trainer.max_steps=2000)"}
