@@ -98,12 +98,22 @@ def _series(rows: list[dict], name: str, train_len: str = "min") -> dict[float, 
     if not mine:
         return {}
     pick = (min if train_len == "min" else max)(r["train_len"] for r in mine)
+    seeds = {}
+    for r in mine:
+        if r["train_len"] == pick:
+            seeds.setdefault(r.get("label") or r.get("run_dir"), r.get("seed"))
+    if len(set(seeds.values())) < len(seeds):  # not seed replicas: runs of other settings (a budget sweep)
+        raise Ambiguous(f"{len(seeds)} {name} runs that are not seed replicas ({', '.join(map(str, seeds))})")
     by = {}
     for r in mine:
         if r["train_len"] == pick and r.get("ppl") is not None:
             by.setdefault(round(r["ratio"], 6), []).append(r)
     return {k: {c: sum(r[c] for r in v) / len(v) for c in ("ppl", "ppl_rel") if all(r.get(c) is not None for r in v)}
             for k, v in by.items()}
+
+
+class Ambiguous(Exception):
+    """A series names several runs that differ in more than their seed."""
 
 
 # --- rules: (claim, evidence) -> Verdict ----------------------------------------------
@@ -205,7 +215,10 @@ def check_claims(claims: list[dict], studies: dict[str, list[str]]) -> list[dict
                 key = (path, c["rule"] in TASK_RULES)
                 if key not in cache:
                     cache[key] = task_rows([path]) if key[1] else ppl_rows([path])
-                result = RULES[c["rule"]](c, cache[key])
+                try:
+                    result = RULES[c["rule"]](c, cache[key])
+                except Ambiguous as e:
+                    result = Verdict(f"{e}: give one folder per setting", NOT_COMPARABLE)
             out.append({"id": c["id"], "claim": c.get("claim", ""), "source": c["source"], "published": c["published"],
                         "rule": rule_text(c), "study": c["study"], "results": path, "ours": result.ours,
                         "verdict": result.verdict})

@@ -119,3 +119,15 @@ def test_script_prints_and_writes_the_table(tmp_path):
     assert ("su_zero_shot_order", P.NOT_COMPARABLE) in verdicts
     assert ("tasks_nope_t5_first", P.NOT_COMPARABLE) in verdicts
     assert "| **rope_far** (sweep)" in done.stdout and "Sources:" in done.stdout
+
+
+def test_runs_of_other_settings_are_not_averaged_as_seeds(tmp_path):
+    rows = P.ppl_rows([sweep(tmp_path)])
+    other = [dict(r, label="rope (trainer.max_steps=2000)", ppl=r["ppl"] * 2) for r in rows if r["scheme"] == "rope"]
+    mixed = [dict(r, label="rope (trainer.max_steps=600)") if r["scheme"] == "rope" else r for r in rows] + other
+    c = claim(id="x", study="pe", rule="ratio_between", series="rope", multiplier=2, min=1.0, max=1.25)
+    with pytest.raises(P.Ambiguous, match="2 rope runs that are not seed replicas"):
+        P.ratio_between(c, mixed)
+    seeds = [dict(r, seed=1, label="rope (1)") for r in other]
+    assert P.ratio_between(c, [dict(r, seed=0, label="rope (0)") if r["scheme"] == "rope" else r for r in rows]
+                           + seeds).verdict == P.MATCHED
