@@ -256,6 +256,30 @@ def test_fire_is_its_mlp_of_the_progressively_normalised_distance():
     assert {"layers.0.c", "layers.0.L_multiplier", "layers.1.w2"} <= names  # c and L are learned, per layer
 
 
+def test_fire_inference_path_is_the_same_mlp_far_past_its_L():
+    """Without gradients FIRE evaluates its MLP as the piecewise-linear
+    function it is (knots where hidden units turn on): equal to the hidden-layer
+    computation at float32 tolerance, for queries far past L, with a unit whose
+    input weight is zero and knots on both sides of [0, 1]."""
+    scheme = make("fire", mlp_width=32, init_L=64.0)
+    f = scheme.layers[0]
+    with torch.no_grad():
+        f.w1[3] = 0.0  # a constant unit
+        f.b1[5], f.w1[5] = 0.4, -2.0  # a unit that turns off at x = 0.2
+    q = torch.tensor([0, 10, 63, 64, 500, 4097, 40000])
+    k = torch.cat((torch.arange(0, 70), torch.tensor([499, 500, 4000, 4097, 39990, 40000])))
+    reference = scheme.bias(0, q, k, ctx())  # gradients on: the hidden layer, written out
+    assert reference.requires_grad
+    with torch.no_grad():
+        fast = scheme.bias(0, q, k, ctx())
+    causal = q[:, None] >= k[None, :]
+    torch.testing.assert_close(fast[:, causal], reference.detach()[:, causal], atol=1e-5, rtol=1e-5)
+    c, L = abs(f.c.item()), abs(f.L_multiplier.item() * 64.0)
+    x = math.log(c * (40000 - 39990) + 1) / (math.log(c * 40000 + 1) + 1e-6)
+    want = f.w2 @ torch.relu(x * f.w1 + f.b1) + f.b2
+    torch.testing.assert_close(fast[:, -1, -2], want.detach(), atol=1e-5, rtol=1e-5)
+
+
 def test_sandwich_is_the_sinusoid_inner_product_compressed_per_head():
     from rope_lm.positional._common import sinusoid
 

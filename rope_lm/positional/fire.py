@@ -89,5 +89,38 @@ class Fire(PairwiseBias):
         f = self.layers[layer]
         c, L = f.c.abs(), (f.L_multiplier * f.init_L).abs()
         x = self.normalised(causal_distance(q_pos, k_pos), q_pos.to(torch.float32)[:, None], c, L)
+        if not (torch.is_grad_enabled() and f.w1.requires_grad):
+            return self._piecewise(layer, ctx)(x)
         hidden = torch.relu(x[..., None] * f.w1 + f.b1)  # (Tq, Tk, width)
         return (hidden @ f.w2.t() + f.b2).permute(2, 0, 1)
+
+    def _piecewise(self, layer, ctx):
+        """Inference: f_theta is a ReLU network of one input, so it is
+        piecewise linear with a knot where each hidden unit turns on. Per
+        segment between sorted knots, f = slope_h * x + intercept_h; one
+        search for the segment (shared by the heads) and two gathers replace
+        the (Tq, Tk, width) hidden layer. The same function up to float
+        rounding (f is continuous, so a point on a knot may take either side)."""
+        key = ("fire_piecewise", id(self), layer)
+        if key not in ctx.cache:
+            f = self.layers[layer]
+            w1, b1, w2, b2 = f.w1.float(), f.b1.float(), f.w2.float(), f.b2.float()
+            moving = w1 != 0
+            knots = torch.sort(-b1[moving] / w1[moving]).values
+            # One point inside each segment decides which units are on there.
+            if knots.numel():
+                inner = (knots[1:] + knots[:-1]) / 2
+                probes = torch.cat((knots[:1] - 1, inner, knots[-1:] + 1))
+            else:
+                probes = torch.zeros(1, device=w1.device)
+            on = (probes[:, None] * w1 + b1 > 0).to(w2.dtype)  # (segments, width)
+            slope = on @ (w2 * w1).t()  # (segments, H)
+            intercept = on @ (w2 * b1).t() + b2
+            ctx.cache[key] = (knots.contiguous(), slope, intercept)
+        knots, slope, intercept = ctx.cache[key]
+
+        def evaluate(x):
+            seg = torch.bucketize(x, knots)
+            return (slope[seg] * x[..., None] + intercept[seg]).permute(2, 0, 1)
+
+        return evaluate
