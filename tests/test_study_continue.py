@@ -115,3 +115,25 @@ def test_continue_starts_a_run_that_stopped_before_its_first_checkpoint(tiny_dat
     started, what = continue_run(run, str(tmp_path))
     assert what == "starting" and started.ckpt_path is None
     assert not (tmp_path / "results.json").exists() and (tmp_path / RUN_CONFIG).exists()
+
+
+def test_a_study_script_skips_an_evaluation_step_whose_results_are_complete(tmp_path, monkeypatch, capsys):
+    sys.path.insert(0, os.path.join(ROOT, "scripts"))
+    import study_common
+    from tests.test_compare import write_run
+
+    out = tmp_path / "zero_shot"
+    write_run(out, "rope", {"none": lambda L: 10.0, "pi": lambda L: 12.0})
+    results = json.loads((out / "results.json").read_text())
+    results["config"]["methods"] = [{"name": "none"}, {"name": "pi"}]
+    (out / "results.json").write_text(json.dumps(results))
+    ran = []
+    monkeypatch.setattr(study_common, "run_step", lambda title, args: ran.append(args))
+    study_common.evaluate("ckpt", ["none", "pi"], str(out), [])
+    assert ran == [] and "is complete; skipped" in capsys.readouterr().out
+    with pytest.raises(ConfigError, match="holds an evaluation of other methods"):
+        study_common.evaluate("ckpt", ["none", "yarn"], str(out), [])
+    results["results"] = results["results"][:-1]  # one length missing: the step runs again, from the start
+    (out / "results.json").write_text(json.dumps(results))
+    study_common.evaluate("ckpt", ["none", "pi"], str(out), [])
+    assert len(ran) == 1 and not (out / "results.json").exists()
