@@ -22,6 +22,10 @@ class OptimConfig:
     beta1: float = 0.9
     beta2: float = 0.95
     eps: float = 1e-8
+    # Fused AdamW kernel. null: on CUDA only, so CPU runs keep the exact numbers of the foreach
+    # kernel that docs/ record (fused differs in the last bit); true: wherever the parameters
+    # are (on CPU the tiny model's optimizer step drops from ~28 to ~5 ms, docs/benchmarks.md).
+    fused: bool | None = None
 
     def validate(self):
         if self.lr <= 0 or self.warmup_steps < 0 or not 0 <= self.min_lr_ratio <= 1:
@@ -147,12 +151,13 @@ class LitLM(L.LightningModule):
 
 def build_optimizer(model: torch.nn.Module, o: OptimConfig, max_steps: int):
     """(AdamW, per-step LR scheduler) as LitLM trains with: weight decay on
-    matrices only, warmup then cosine decay over max_steps; fused on CUDA.
+    matrices only, warmup then cosine decay over max_steps; fused on CUDA (or
+    as optim.fused says).
     Public so that a loop outside Lightning (benchmarks/) steps the same
     optimizer."""
     decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
-    fused = torch.cuda.is_available() and all(p.is_cuda for p in decay) if decay else False
+    fused = o.fused if o.fused is not None else bool(decay) and all(p.is_cuda for p in decay)
     opt = torch.optim.AdamW(
         [{"params": decay, "weight_decay": o.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
         lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps, **({"fused": True} if fused else {}),
