@@ -207,14 +207,19 @@ def check_claims(claims: list[dict], studies: dict[str, list[str]]) -> list[dict
                               f"{', '.join(RULES)} (missing: {', '.join(missing) or 'a known rule'}).")
     out, cache = [], {}
     for c in claims:
-        paths = studies.get(c["study"]) or []
-        for path in paths or [None]:
-            if path is None or not os.path.exists(path):
-                result = Verdict(f"not run ({path or 'no folder given for ' + c['study']})", NOT_COMPARABLE)
+        entries = studies.get(c["study"]) or []
+        for entry in entries or [None]:
+            # An entry is one folder, or a list of folders read together as one set of results.
+            group = [entry] if isinstance(entry, str) else list(entry or [])
+            path = ", ".join(group) if group else None
+            missing = [p for p in group if not os.path.exists(p)]
+            if not group or missing:
+                result = Verdict(f"not run ({', '.join(missing) or 'no folder given for ' + c['study']})",
+                                 NOT_COMPARABLE)
             else:
                 key = (path, c["rule"] in TASK_RULES)
                 if key not in cache:
-                    cache[key] = task_rows([path]) if key[1] else ppl_rows([path])
+                    cache[key] = task_rows(group) if key[1] else ppl_rows(group)
                 try:
                     result = RULES[c["rule"]](c, cache[key])
                 except Ambiguous as e:
@@ -230,7 +235,8 @@ def markdown(rows: list[dict]) -> str:
     lines = [f"{counts[MATCHED]} matched, {counts[NOT_MATCHED]} not matched, {counts[NOT_COMPARABLE]} not comparable.",
              "", "| claim | published | ours | rule | verdict |", "|---|---|---|---|---|"]
     for r in rows:
-        where = f" ({os.path.basename(os.path.normpath(r['results']))})" if r["results"] else ""
+        where = f" ({' + '.join(os.path.basename(os.path.normpath(p)) for p in r['results'].split(', '))})" \
+            if r["results"] else ""
         lines.append(f"| **{r['id']}**{where}: {r['claim']} | {r['published']} | {r['ours']} | {r['rule']} | "
                      f"**{r['verdict']}** |")
     lines += ["", "Sources:", ""]

@@ -131,3 +131,12 @@ def test_runs_of_other_settings_are_not_averaged_as_seeds(tmp_path):
     seeds = [dict(r, seed=1, label="rope (1)") for r in other]
     assert P.ratio_between(c, [dict(r, seed=0, label="rope (0)") if r["scheme"] == "rope" else r for r in rows]
                            + seeds).verdict == P.MATCHED
+
+
+def test_a_study_entry_may_be_several_folders_read_together(tmp_path):
+    root = sweep(tmp_path)
+    runs = sorted(os.path.join(root, d) for d in os.listdir(root))
+    c = claim(rule="ppl_order", metric="ppl_rel", multiplier=2, order=["alibi", "rope"])
+    alone, together = P.check_claims([c], {"pe": [runs[0], runs[:2]]})
+    assert alone["verdict"] == P.NOT_COMPARABLE and together["verdict"] == P.MATCHED
+    assert "| **c** (0_alibi + 1_rope)" in P.markdown([together])
