@@ -10,6 +10,8 @@ size and positional scheme, on the same machine, dimensions and batches:
   (rope_lm.allocator.keep_freed_memory), which separates what the model does
   from what the process setting does;
 * ``plain``: our model, the same plain loop (bounds framework overhead);
+* ``plain+fused``: the same with AdamW's fused kernel (``optim.fused=true``; on
+  CPU the default is the foreach kernel);
 * ``lightning``: our model through ``LitLM`` and ``lightning.Trainer`` built
   by the pipeline's own trainer_kwargs, steps timed by a callback;
 * ``plain+compile`` / ``lightning+compile`` with ``compile=True``.
@@ -50,7 +52,7 @@ import warnings
 import torch
 import torch.nn.functional as F
 
-PEERS = ("hf", "hf+keepmem", "plain", "lightning")
+PEERS = ("hf", "hf+keepmem", "plain", "plain+fused", "lightning")
 _RESULT_MARK = "@@bench-result@@"
 
 # Dense bf16 tensor-core peaks (TFLOP/s) used for MFU when --peak-tflops is not given.
@@ -448,7 +450,8 @@ def build_train_runner(spec: dict):
         opt, sched = _optimizer_like_lit(hf, s["optim"], max_steps)
         loss = lambda x, y: F.cross_entropy(hf(x).float().flatten(0, 1), y.flatten())  # noqa: E731
         return LoopRunner(peer, loss, list(hf.parameters()), opt, sched, batches, device, clip), param_counts(hf), None
-    lit = LitLM(model=model_cfg, pos=pos_cfg, scaling=None, optim=s["optim"], vocab_size=s["vocab"],
+    optim = {**s["optim"], "fused": True} if "+fused" in peer else s["optim"]  # AdamW's fused kernel, CPU included
+    lit = LitLM(model=model_cfg, pos=pos_cfg, scaling=None, optim=optim, vocab_size=s["vocab"],
                 train_len=s["seq_len"], max_steps=max_steps, compile=compiled).to(device)
     counts = param_counts(lit.model)
     fwd = lit.compiled_forward
@@ -642,7 +645,8 @@ def _train_peers(s: BenchSettings, pos_cfg: dict) -> list[str]:
     if rope and "hf" in s.peers:
         peers += ["hf"] + (["hf+keepmem"] if s.device == "cpu" and "hf+keepmem" in s.peers else [])
     for suffix in [""] + (["+compile"] if s.compile else []):
-        peers += [p + suffix for p in ("plain", "lightning") if p in s.peers and (rope or p == "plain")]
+        peers += [p + suffix for p in ("plain", "plain+fused", "lightning") if p in s.peers and (rope or p == "plain")
+                  and not (suffix and p == "plain+fused")]
     if not peers and not rope and "lightning" in s.peers:
         peers = ["lightning"]
     return peers
@@ -812,6 +816,8 @@ def ratios_and_targets(s: BenchSettings, rows: list[dict]) -> tuple[list[dict], 
                       _find(train, model=model, scheme=scheme, peer="hf"))
                 ratio("ours/HF with the same allocator setting", model, plain,
                       _find(train, model=model, scheme=scheme, peer="hf+keepmem"), show=False)
+            ratio(f"fused/foreach AdamW, plain loop ({scheme})", model,
+                  _find(train, model=model, scheme=scheme, peer="plain+fused"), plain)
             for peer in ("plain", "lightning"):
                 ratio(f"compiled/eager {peer} ({scheme})", model,
                       _find(train, model=model, scheme=scheme, peer=peer + "+compile"),
