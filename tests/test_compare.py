@@ -420,3 +420,18 @@ def test_runs_of_one_scheme_are_named_by_the_settings_they_differ_in(tmp_path):
     compare([str(tmp_path / "budget")], str(out))
     labels = {r["label"] for r in read_csv(out / "compare.csv")}
     assert labels == {"rope (trainer.max_steps=600)", "rope (trainer.max_steps=2000)"}
+
+
+def test_study_presets_continue_and_their_budgets():
+    from rope_lm.config import resolve_run
+
+    cfg, sweep = compose(["+experiment=pe_extrapolation"])
+    assert cfg["existing"] == "continue" and cfg["trainer"]["max_steps"] == 6000
+    smoke, smoke_sweep = compose(["+experiment=pe_extrapolation_smoke"])
+    assert smoke["trainer"]["max_steps"] == 600 and smoke_sweep == sweep and smoke["existing"] == "continue"
+    big, big_sweep = compose(["+experiment=pe_extrapolation_125m", "data.path=unused"])
+    assert big_sweep == sweep and big["model"]["name"] == "llama_125m" and big["data"]["seq_len"] == 512
+    for scheme in sweep["experiment/pe_scheme@_global_"].split(","):  # every scheme fits 32 x L, no weights built
+        run = resolve_run(compose(["+experiment=pe_extrapolation_125m", f"experiment/pe_scheme@_global_={scheme}",
+                                   "data.path=unused"])[0])
+        assert max(run.lengths) == 32 * 512 and run.eval.protocol == "documents"
