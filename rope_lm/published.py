@@ -13,9 +13,12 @@ compare_tasks.csv or task_results.json files.
 from dataclasses import dataclass
 import csv
 import json
+import logging
 import os
 
 from rope_lm.errors import ConfigError
+
+log = logging.getLogger("rope_lm")
 
 MATCHED, NOT_MATCHED, NOT_COMPARABLE = "matched", "not matched", "not comparable"
 
@@ -54,7 +57,11 @@ def ppl_rows(paths: list[str]) -> list[dict]:
             for f in found:
                 rows += _read_csv(f)
         elif os.path.isdir(p):
-            runs, _ = load_runs([p])
+            try:
+                runs, _ = load_runs([p])
+            except ConfigError as e:  # no evaluated length there yet: the rules say what is missing
+                log.warning("%s: %s", p, e)
+                continue
             rows += csv_rows(group_runs(runs, group=True))
         else:
             raise ConfigError(f"{p} does not exist (resolved from {os.getcwd()}); give a study's compare.csv, the "

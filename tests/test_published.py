@@ -140,3 +140,14 @@ def test_a_study_entry_may_be_several_folders_read_together(tmp_path):
     alone, together = P.check_claims([c], {"pe": [runs[0], runs[:2]]})
     assert alone["verdict"] == P.NOT_COMPARABLE and together["verdict"] == P.MATCHED
     assert "| **c** (0_alibi + 1_rope)" in P.markdown([together])
+
+
+def test_a_folder_without_results_yet_leaves_its_claims_not_comparable(tmp_path):
+    root = sweep(tmp_path)
+    pending = tmp_path / "pending"
+    pending.mkdir()
+    (pending / "results.json").write_text(json.dumps({"status": "failed", "error": "killed", "results": []}))
+    rope = os.path.join(root, sorted(os.listdir(root))[1])
+    c = claim(rule="ppl_order", metric="ppl_rel", multiplier=2, order=["alibi", "rope"])
+    (row,) = P.check_claims([c], {"pe": [[rope, str(pending)]]})
+    assert row["verdict"] == P.NOT_COMPARABLE and row["ours"] == "no alibi result at 2 x L"
