@@ -262,7 +262,8 @@ def claim_run_dir(out_dir: str, ckpt_path: str | None) -> None:
     _claimed[os.path.abspath(out_dir)] = (lock, True)
 
 
-IGNORED_BY_CONTINUE = {"ckpt_path", "existing"}
+# Settings a study may change between sittings without changing what its runs compute.
+IGNORED_BY_CONTINUE = {"ckpt_path", "existing", "logger", "run_name"}
 
 
 def continue_run(run: RunConfig, out_dir: str) -> tuple[RunConfig | None, str]:
