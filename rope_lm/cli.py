@@ -82,8 +82,19 @@ def hydra_task(fn):
                 raise JobFailed(paragraph(e)) from None
             print("\n" + paragraph(e), file=sys.stderr)
             sys.exit(exit_status(e))
+        except (SystemExit, KeyboardInterrupt):
+            # SIGTERM or Ctrl-C ends the whole sweep; Hydra never reports this job's end, so the
+            # sweep summary learns of it here.
+            if _multirun():
+                from hydra.core.hydra_config import HydraConfig
+
+                INTERRUPTED.append((HydraConfig.get().job.num, HydraConfig.get().runtime.output_dir))
+            raise
 
     return task
+
+
+INTERRUPTED: list = []  # (job number, output folder) of a sweep job stopped by a signal
 
 
 class SweepSummary(Callback):
@@ -129,6 +140,11 @@ class SweepSummary(Callback):
                    "error": str(error) if error is not None else None}
             if skipped:
                 job["reason"] = skipped
+        self._record(job)
+
+    def _record(self, job: dict, keep_overrides: bool = False):
+        if keep_overrides and job["output_dir"] in self.earlier:
+            job["overrides"] = self.earlier[job["output_dir"]].get("overrides", [])
         self.jobs.append(job)
         merged = {**self.earlier, **{j["output_dir"]: j for j in self.jobs}}
         os.makedirs(os.path.dirname(self.path), exist_ok=True)
@@ -141,9 +157,17 @@ class SweepSummary(Callback):
         self.print_summary()
 
     def print_summary(self):
-        if self.printed or not self.jobs:
+        if self.printed or not (self.jobs or INTERRUPTED):
             return
         self.printed = True
+        if INTERRUPTED:
+            num, out, ended = *INTERRUPTED[-1], len(self.jobs)
+            self._record({"num": num, "status": "interrupted", "overrides": [], "output_dir": out,
+                          "error": "stopped by a signal (SIGTERM or Ctrl-C)"}, keep_overrides=True)
+            print(f"\nrope-lm sweep: interrupted at job {num} ({out}) after {ended} job(s) ended; the "
+                  f"jobs after it did not run. Run the same command again with hydra.sweep.dir={os.path.dirname(out)} "
+                  f"to continue (existing=continue in the study presets; {self.path}).", file=sys.stderr)
+            return
         failed = [j for j in self.jobs if j["status"] == "failed"]
         skipped = f", {self.skipped} of them skipped (existing=continue)" if self.skipped else ""
         if not failed:

@@ -137,3 +137,21 @@ def test_a_study_script_skips_an_evaluation_step_whose_results_are_complete(tmp_
     (out / "results.json").write_text(json.dumps(results))
     study_common.evaluate("ckpt", ["none", "pi"], str(out), [])
     assert len(ran) == 1 and not (out / "results.json").exists()
+
+
+def test_a_sweep_stopped_by_sigterm_says_so_and_the_same_command_finishes_it(tiny_data_options, tmp_path):
+    sweep = str(tmp_path / "sweep")
+    proc = subprocess.Popen(sweep_cmd(tiny_data_options, sweep), cwd=ROOT, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    ckpt = os.path.join(sweep, "0_rope_none_L16", "checkpoints", "last.ckpt")
+    deadline = time.time() + 300
+    while not os.path.exists(ckpt) and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.01)
+    assert proc.poll() is None, "the first job ended before it could be stopped"
+    proc.send_signal(signal.SIGTERM)
+    err = " ".join(proc.communicate(timeout=120)[1].split())
+    assert "rope-lm sweep: interrupted at job 0" in err and "jobs completed" not in err
+    assert jobs(sweep) == [("0_rope_none_L16", "interrupted")]
+    again = subprocess.run(sweep_cmd(tiny_data_options, sweep), cwd=ROOT, capture_output=True, text=True)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert jobs(sweep) == [("0_rope_none_L16", "completed"), ("1_alibi_none_L16", "completed")]
