@@ -139,10 +139,8 @@ def train_and_evaluate(run: RunConfig | dict, out_dir: str, logger=None) -> dict
     the corpus is tokenized."""
     run = run if isinstance(run, RunConfig) else resolve_run(run)
     ckpt_path = start_run(run, out_dir)
-    # existing=continue on a run whose training is done: only its evaluation is left.
-    trained = bool(ckpt_path) and run.existing == "continue" and _trained_steps(ckpt_path) >= run.trainer.max_steps
-    resumed = check_resume(ckpt_path, run, out_dir, trained) if ckpt_path else None
-    if trained:
+    resumed = check_resume(ckpt_path, run, out_dir) if ckpt_path else None
+    if resumed and resumed["steps"] >= run.trainer.max_steps:  # existing=continue: only the evaluation is left
         return finish_evaluation(run, ckpt_path, out_dir, resumed, logger)
     data_cfg = run.data
     init = load_init_from(run, out_dir) if run.init_from else None
@@ -319,9 +317,7 @@ def _check_same_settings(run: RunConfig, out_dir: str) -> None:
         return
     with open(path) as f:
         saved = yaml.safe_load(f) or {}
-    given = json.loads(json.dumps(run.raw))  # the types yaml gives back (tuples as lists)
-    differ = _differences({k: v for k, v in saved.items() if k not in IGNORED_BY_CONTINUE},
-                          {k: v for k, v in given.items() if k not in IGNORED_BY_CONTINUE})
+    differ = settings_differences(saved, run.raw)
     if differ:
         shown = "; ".join(f"{key}: {a!r} there, {b!r} now" for key, a, b in differ[:4])
         raise ConfigError(
@@ -329,6 +325,15 @@ def _check_same_settings(run: RunConfig, out_dir: str) -> None:
             f"{'; ...' if len(differ) > 4 else ''}), so it is neither skipped nor continued. Run the study's "
             f"original command to finish it, or give these settings their own folder (another hydra.sweep.dir)."
         )
+
+
+def settings_differences(saved: dict, given: dict, ignored=IGNORED_BY_CONTINUE) -> list[tuple]:
+    """(dotted key, saved value, given value) for every setting that differs,
+    outside `ignored` top-level keys; values compared as JSON gives them back
+    (tuples as lists), the form a saved run.yaml or results file has."""
+    given = json.loads(json.dumps(given))
+    return _differences({k: v for k, v in saved.items() if k not in ignored},
+                        {k: v for k, v in given.items() if k not in ignored})
 
 
 def _differences(a, b, prefix: str = "") -> list[tuple]:
@@ -353,7 +358,7 @@ def finish_evaluation(run: RunConfig, ckpt_path: str, out_dir: str, resumed: dic
             previous = json.load(f).get("training") or {}
     except (OSError, ValueError):
         pass
-    training = {"steps": int(read_checkpoint(ckpt_path).get("global_step") or 0),
+    training = {"steps": resumed["steps"],
                 "checkpoint_dir": os.path.join(out_dir, "checkpoints"),
                 "val_loss": previous.get("val_loss"), "train_loss": previous.get("train_loss")}
     results = new_results(run.raw, cache.corpus, run.data.seq_len, run.pos["name"], status="complete", training=training)
@@ -385,21 +390,18 @@ def mark_failed(out_dir: str, config: dict, error: Exception) -> None:
     except (OSError, RopeLMError):
         pass  # the error being reported is likely this very disk
 
-def _trained_steps(ckpt_path: str) -> int:
-    return int(read_checkpoint(ckpt_path).get("global_step") or 0)
-
-
-def check_resume(ckpt_path: str, run: RunConfig, out_dir: str, trained: bool = False) -> dict:
-    """Before any work: the resumed run trains at least one more step (unless
-    only its evaluation is left, `trained`), on the corpus its checkpoint was
-    trained on, with the checkpoint's tokenizer. Returns the data settings to
-    use and the corpus fingerprint to expect."""
+def check_resume(ckpt_path: str, run: RunConfig, out_dir: str) -> dict:
+    """Before any work: the resumed run trains at least one more step (with
+    existing=continue a finished checkpoint is allowed: only its evaluation is
+    left), on the corpus its checkpoint was trained on, with the checkpoint's
+    tokenizer. Returns the data settings to use, the corpus fingerprint to
+    expect and the steps the checkpoint has trained."""
     saved = read_checkpoint(ckpt_path)
     hp = saved["hyper_parameters"]
     check_resumable(ckpt_path, {"model": run.model, "pos": run.pos, "train_len": run.data.seq_len,
                                 "vocab_size": hp.get("vocab_size")}, hp)
     done = int(saved.get("global_step") or 0)
-    if run.trainer.max_steps <= done and not trained:
+    if run.trainer.max_steps <= done and run.existing != "continue":
         raise ConfigError(
             f"The checkpoint {ckpt_path} has already trained {done} steps, and trainer.max_steps="
             f"{run.trainer.max_steps} asks for no more. To train longer give a larger total, e.g. "
@@ -418,7 +420,7 @@ def check_resume(ckpt_path: str, run: RunConfig, out_dir: str, trained: bool = F
         data_cfg = dataclasses.replace(data_cfg, tokenizer_file=write_tokenizer(tokenizer_json, out_dir))
     corpus = (hp.get("corpus") or {}).get("fingerprint")
     return {"data_cfg": data_cfg, "corpus": (corpus, f"the checkpoint {ckpt_path}") if corpus else None,
-            "hparams": hp}
+            "hparams": hp, "steps": done}
 
 
 def write_tokenizer(tokenizer_json: str, directory: str) -> str:

@@ -334,11 +334,14 @@ def finished(run: TaskRun, out_dir: str) -> bool:
         return False
     if done.get("status") != "complete":
         return False
-    if json.loads(json.dumps({k: v for k, v in done.get("config", {}).items() if k != "existing"})) != \
-            json.loads(json.dumps({k: v for k, v in run.raw.items() if k != "existing"})):
-        raise ConfigError(f"existing=continue: {out_dir} holds a task run with other settings, so it is neither "
-                          f"skipped nor run again. Run the study's original command to finish it, or give these "
-                          f"settings their own folder (another hydra.sweep.dir).")
+    from rope_lm.pipeline import settings_differences
+
+    differ = settings_differences(done.get("config") or {}, run.raw, ignored={"existing"})
+    if differ:
+        shown = "; ".join(f"{key}: {a!r} there, {b!r} now" for key, a, b in differ[:4])
+        raise ConfigError(f"existing=continue: {out_dir} holds a task run with other settings ({shown}), so it is "
+                          f"neither skipped nor run again. Run the study's original command to finish it, or give "
+                          f"these settings their own folder (another hydra.sweep.dir).")
     return True
 
 
