@@ -5,7 +5,9 @@
   distance i - j is read out of one padded row per head, as a strided view
   (rope_lm/distance_bias.py). Otherwise (training, FIRE past its L, T5 on
   fractional positions) the bias (or a window) becomes a float mask one block
-  of queries at a time; memory grows linearly in the sequence length either way.
+  of queries at a time, or, where the scheme offers ``masked_bias`` (FIRE past
+  its L on the CPU), comes as that mask in one pass; memory grows linearly in
+  the sequence length either way.
 * ``flex``: FlexAttention with the scheme's score_mod and a causal (windowed)
   block mask; compiled, so no T x T tensor exists. torch refuses flex
   backward on CPU, so there it serves inference only and training falls back
@@ -124,8 +126,15 @@ def attend(q, k, v, scheme, layer, pos, plan: AttnPlan, ctx, kernel: str = "auto
     return sdpa_path(q, k, v, scheme, layer, pos, plan, ctx)
 
 
-def _query_blocks(B, H, T):
-    block = max(1, min(T, MAX_SCORE_ELEMENTS // max(1, B * H * T)))
+# Queries per block, at least, where a scheme's masked_bias fills the mask:
+# CPU SDPA re-reads a block's keys and values for every 32 queries of a block
+# under 192 rows and every 64 under 768 (ATen's split sizes), and at 16k
+# tokens a block of 170 rows costs 1.4x one of 384 (docs/benchmarks.md).
+MASKED_BIAS_MIN_QUERIES = 384
+
+
+def _query_blocks(B, H, T, min_queries=1):
+    block = max(min_queries, min(T, MAX_SCORE_ELEMENTS // max(1, B * H * T)))
     return [(s, min(T, s + block)) for s in range(0, T, block)]
 
 
@@ -148,6 +157,10 @@ def sdpa_path(q, k, v, scheme, layer, pos, plan, ctx):
         table = distance_bias.padded_table(scheme, layer, pos, plan, ctx, q.dtype)
         if table is not None:
             return distance_bias.toeplitz_attention(q, k, v, table, plan)
+    if scheme.has_bias and q.dtype == torch.float32 and _distance_path_allowed(q, k, v):
+        out = _masked_bias_attention(q, k, v, scheme, layer, pos, plan, ctx)
+        if out is not None:
+            return out
     out = []
     for s, e in _query_blocks(B, H, T):
         # Keys after the last query of the block are all masked: drop them.
@@ -159,6 +172,20 @@ def sdpa_path(q, k, v, scheme, layer, pos, plan, ctx):
             # a 3-D (H, Tq, Tk) one (7x slower measured at T=128).
             mask = (mask + scheme.bias(layer, pos[s:e], pos[:e], ctx).to(q.dtype)).expand(B, H, e - s, e)
         out.append(F.scaled_dot_product_attention(q[:, :, s:e], k[:, :, :e], v[:, :, :e], attn_mask=mask))
+    return torch.cat(out, dim=2)
+
+
+def _masked_bias_attention(q, k, v, scheme, layer, pos, plan, ctx):
+    """Blocks whose mask the scheme fills itself, bias included
+    (PositionalScheme.masked_bias); None when it does not offer one."""
+    B, H, T, _ = q.shape
+    out = []
+    for s, e in _query_blocks(B, H, T, MASKED_BIAS_MIN_QUERIES):
+        mask = scheme.masked_bias(layer, pos, s, e, plan.window, ctx)
+        if mask is None:
+            return None  # decided by the scheme and the positions, so at the first block
+        out.append(F.scaled_dot_product_attention(q[:, :, s:e], k[:, :, :e], v[:, :, :e],
+                                                  attn_mask=mask.expand(B, H, e - s, e)))
     return torch.cat(out, dim=2)
 
 

@@ -306,6 +306,53 @@ def test_distance_bias_path_at_long_positions(name):
         assert table.shape == (4, 2 * n - 1)
 
 
+@pytest.mark.parametrize("window", [None, 300])
+def test_fire_past_its_L_writes_bias_and_mask_in_one_pass(window, monkeypatch):
+    """FIRE past its L on the CPU fills SDPA's mask with bias and causal mask
+    in one loop (rope_lm/positional/_fire_kernel.py). Its mask must be, to
+    the last bit, the torch path's bias (Fire._piecewise) with -inf outside
+    the allowed keys, and attention through it must equal the explicit
+    path: several query blocks, positions not starting at 0, two sequences,
+    a window, knots on both sides of [0, 1] and a unit with zero input."""
+    from rope_lm.positional import _fire_kernel
+
+    if not _fire_kernel.available():
+        pytest.skip("numba is not installed")
+    monkeypatch.setattr(attention, "MAX_SCORE_ELEMENTS", 4 * 1000 * 40)
+    monkeypatch.setattr(attention, "MASKED_BIAS_MIN_QUERIES", 40)  # blocks of 40 queries
+    n, dims = 1000, Dims(d_model=32, n_head=4, head_dim=8, n_layer=2, train_len=64)
+    torch.manual_seed(0)
+    scheme = build_scheme({"name": "fire", "mlp_width": 16, "init_L": 64.0}, dims)
+    f = scheme.layers[LAYER]
+    with torch.no_grad():
+        f.w1[3] = 0.0
+        f.b1[5], f.w1[5] = 0.4, -2.0  # a unit that turns off at x = 0.2
+        f.b1[6], f.w1[6] = -1.5, 1.0  # one that turns on past x = 1.5
+    pos = torch.arange(n) + 37
+    plan = AttnPlan(window=window)
+    c = PosContext(seq_len=n, train_len=64, scaling=build_scaling(None))
+    with torch.no_grad():
+        mask = scheme.masked_bias(LAYER, pos, 120, 160, window, c).clone()
+        want = scheme.bias(LAYER, pos[120:160], pos[:160], c)  # the torch path
+        allowed = attention._mask(120, 160, 160, plan, pos.device)
+        assert torch.equal(mask[:, allowed], want[:, allowed])
+        assert bool(torch.isneginf(mask[:, ~allowed]).all())
+
+        torch.manual_seed(5)
+        q, k, v = (torch.randn(2, 4, n, 8) * 2 for _ in range(3))
+        ref = explicit_attention(q, k, v, scheme, LAYER, pos, plan,
+                                 PosContext(seq_len=n, train_len=64, scaling=build_scaling(None)))
+        c = PosContext(seq_len=n, train_len=64, scaling=build_scaling(None))
+        got = attend(q, k, v, scheme, LAYER, pos, plan, c, "sdpa")
+        assert "fire_mask_buffer" in c.cache  # the one-pass mask served the blocks
+        torch.testing.assert_close(got, ref, atol=2e-5, rtol=1e-4)
+
+        monkeypatch.setattr(_fire_kernel, "available", lambda: False)  # without numba: the torch path, same result
+        c = PosContext(seq_len=n, train_len=64, scaling=build_scaling(None))
+        torch.testing.assert_close(attend(q, k, v, scheme, LAYER, pos, plan, c, "sdpa"), got, atol=1e-6, rtol=1e-6)
+        assert "fire_mask_buffer" not in c.cache
+
+
 def test_distance_bias_is_built_once_per_forward_and_shared_where_parameters_are():
     """One table per forward for schemes shared across layers (ALiBi, T5,
     Sandwich), one per layer where every layer has its own (Kerple)."""

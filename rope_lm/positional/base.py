@@ -88,6 +88,15 @@ class PositionalScheme(nn.Module):
         read every block's bias out of one row (rope_lm/distance_bias.py)."""
         return None
 
+    def masked_bias(self, layer: int, pos, start: int, end: int, window: int | None,
+                    ctx: PosContext) -> torch.Tensor | None:
+        """At inference: the (H, end - start, end) float32 bias of queries
+        start..end-1 over keys 0..end-1 with the causal mask (and the window,
+        if any) already in it as -inf, ready to be SDPA's mask; None where the
+        scheme has no faster way than bias() plus a mask. The tensor may be a
+        buffer that the next call overwrites."""
+        return None
+
     def score_mod(self, layer: int, pos, ctx: PosContext) -> Callable | None:
         """FlexAttention score_mod(score, b, h, q_idx, kv_idx) adding the same
         bias as bias(); None means flex attention is not offered."""

@@ -17,7 +17,8 @@ from torch import nn
 
 from rope_lm.errors import ConfigError
 from rope_lm.positional import SCHEMES
-from rope_lm.positional._common import PairwiseBias, causal_distance
+from rope_lm.positional import _fire_kernel
+from rope_lm.positional._common import PairwiseBias, causal_distance, integer_valued
 
 EPS = 1e-6
 
@@ -94,13 +95,49 @@ class Fire(PairwiseBias):
         hidden = torch.relu(x[..., None] * f.w1 + f.b1)  # (Tq, Tk, width)
         return (hidden @ f.w2.t() + f.b2).permute(2, 0, 1)
 
-    def _piecewise(self, layer, ctx):
-        """Inference: f_theta is a ReLU network of one input, so it is
-        piecewise linear with a knot where each hidden unit turns on. Per
-        segment between sorted knots, f = slope_h * x + intercept_h; one
-        search for the segment (shared by the heads) and two gathers replace
-        the (Tq, Tk, width) hidden layer. The same function up to float
-        rounding (f is continuous, so a point on a knot may take either side)."""
+    def masked_bias(self, layer, pos, start, end, window, ctx):
+        # Past L on the CPU, the bias and the mask in one pass (_fire_kernel);
+        # it reads psi by distance, so the positions must be 0, 1, 2, ...
+        # shifted by a constant, as in every evaluation without a position map.
+        if pos.device.type != "cpu" or not _fire_kernel.available():
+            return None
+        key = ("fire_rows", id(self), layer)
+        if key not in ctx.cache:
+            ctx.cache[key] = self._rows(layer, pos)
+        rows = ctx.cache[key]
+        if rows is None:
+            return None
+        psi, den = rows
+        knots, slope, intercept = self._segments(layer, ctx)
+        H = self.dims.n_head
+        size = H * (end - start) * end
+        buffer = ctx.cache.get("fire_mask_buffer")
+        if buffer is None or buffer.numel() < size:
+            # One buffer for every block and layer, sized for the widest block
+            # (keys up to the last position): a fresh tensor of this size per
+            # block costs more in page faults than the bias itself.
+            buffer = ctx.cache["fire_mask_buffer"] = torch.empty(max(size, H * (end - start) * pos.numel()))
+        out = buffer[:size].view(H, end - start, end)
+        return _fire_kernel.masked_bias(out, psi, den, start, window, knots, slope, intercept)
+
+    def _rows(self, layer, pos):
+        """(psi by index distance, normaliser by query index), float32, or
+        None where the positions are not consecutive integers."""
+        steps = pos[1:] - pos[:-1]
+        if not integer_valued(pos) or (steps.numel() and not bool((steps == 1).all())):
+            return None
+        f = self.layers[layer]
+        c, L = f.c.abs().float(), (f.L_multiplier * f.init_L).abs().float()
+        p = pos.to(torch.float32)
+        psi = torch.log1p(c * causal_distance(p, p[:1])[:, 0])
+        den = torch.log1p(c * torch.maximum(p, L)) + EPS
+        return psi.contiguous(), den.contiguous()
+
+    def _segments(self, layer, ctx):
+        """f_theta is a ReLU network of one input, so it is piecewise linear
+        with a knot where each hidden unit turns on. Per segment between the
+        sorted knots (K,), f = slope[s, h] * x + intercept[s, h] ((K + 1, H)
+        each); x falls in segment bucketize(x, knots)."""
         key = ("fire_piecewise", id(self), layer)
         if key not in ctx.cache:
             f = self.layers[layer]
@@ -116,8 +153,15 @@ class Fire(PairwiseBias):
             on = (probes[:, None] * w1 + b1 > 0).to(w2.dtype)  # (segments, width)
             slope = on @ (w2 * w1).t()  # (segments, H)
             intercept = on @ (w2 * b1).t() + b2
-            ctx.cache[key] = (knots.contiguous(), slope, intercept)
-        knots, slope, intercept = ctx.cache[key]
+            ctx.cache[key] = (knots.contiguous(), slope.contiguous(), intercept.contiguous())
+        return ctx.cache[key]
+
+    def _piecewise(self, layer, ctx):
+        """Inference: one search for the segment (shared by the heads) and two
+        gathers replace the (Tq, Tk, width) hidden layer. The same function up
+        to float rounding (f is continuous, so a point on a knot may take
+        either side)."""
+        knots, slope, intercept = self._segments(layer, ctx)
 
         def evaluate(x):
             seg = torch.bucketize(x, knots)
