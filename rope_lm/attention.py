@@ -157,8 +157,7 @@ def sdpa_path(q, k, v, scheme, layer, pos, plan, ctx):
         table = distance_bias.padded_table(scheme, layer, pos, plan, ctx, q.dtype)
         if table is not None:
             return distance_bias.toeplitz_attention(q, k, v, table, plan)
-    if scheme.has_bias and q.dtype == torch.float32 and _distance_path_allowed(q, k, v):
-        out = _masked_bias_attention(q, k, v, scheme, layer, pos, plan, ctx)
+        out = _masked_bias_attention(q, k, v, scheme, layer, pos, plan, ctx) if q.dtype == torch.float32 else None
         if out is not None:
             return out
     out = []

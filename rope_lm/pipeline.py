@@ -18,7 +18,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from rope_lm.checkpointing import AtomicCheckpointIO, GracefulStop, check_resumable, load_checkpoint, read_checkpoint, resolve_checkpoint
 from rope_lm.allocator import KeepFreedMemory
-from rope_lm.config import (DATA_ANNOTATIONS, RunConfig, TrainerConfig, resolve_run, split_data, typed,
+from rope_lm.config import (DATA_ANNOTATIONS, RunConfig, TrainerConfig, resolve_run, settings_differences, split_data, typed,
                             typed_component, typed_dataclass)
 from rope_lm.data import LMDataModule, prepare
 from rope_lm.errors import ConfigError, RopeLMError
@@ -317,7 +317,7 @@ def _check_same_settings(run: RunConfig, out_dir: str) -> None:
         return
     with open(path) as f:
         saved = yaml.safe_load(f) or {}
-    differ = settings_differences(saved, run.raw)
+    differ = settings_differences(saved, run.raw, IGNORED_BY_CONTINUE)
     if differ:
         shown = "; ".join(f"{key}: {a!r} there, {b!r} now" for key, a, b in differ[:4])
         raise ConfigError(
@@ -325,24 +325,6 @@ def _check_same_settings(run: RunConfig, out_dir: str) -> None:
             f"{'; ...' if len(differ) > 4 else ''}), so it is neither skipped nor continued. Run the study's "
             f"original command to finish it, or give these settings their own folder (another hydra.sweep.dir)."
         )
-
-
-def settings_differences(saved: dict, given: dict, ignored=IGNORED_BY_CONTINUE) -> list[tuple]:
-    """(dotted key, saved value, given value) for every setting that differs,
-    outside `ignored` top-level keys; values compared as JSON gives them back
-    (tuples as lists), the form a saved run.yaml or results file has."""
-    given = json.loads(json.dumps(given))
-    return _differences({k: v for k, v in saved.items() if k not in ignored},
-                        {k: v for k, v in given.items() if k not in ignored})
-
-
-def _differences(a, b, prefix: str = "") -> list[tuple]:
-    if isinstance(a, dict) and isinstance(b, dict):
-        out = []
-        for key in sorted(set(a) | set(b), key=str):
-            out += _differences(a.get(key), b.get(key), f"{prefix}{key}.")
-        return out
-    return [] if a == b else [(prefix.rstrip("."), a, b)]
 
 
 def finish_evaluation(run: RunConfig, ckpt_path: str, out_dir: str, resumed: dict, logger=None) -> dict:

@@ -33,7 +33,8 @@ import torch
 import torch.nn.functional as F
 
 from rope_lm import bootstrap
-from rope_lm.config import DERIVED_MODEL_KEYS, EXISTING, dataclass_annotations, typed, typed_component, typed_dataclass
+from rope_lm.config import (DERIVED_MODEL_KEYS, EXISTING, dataclass_annotations, settings_differences, typed,
+                            typed_component, typed_dataclass)
 from rope_lm.errors import ConfigError
 from rope_lm.lit import OptimConfig, build_optimizer
 from rope_lm.model import ModelConfig, build_model, check_fit
@@ -334,8 +335,6 @@ def finished(run: TaskRun, out_dir: str) -> bool:
         return False
     if done.get("status") != "complete":
         return False
-    from rope_lm.pipeline import settings_differences
-
     differ = settings_differences(done.get("config") or {}, run.raw, ignored={"existing"})
     if differ:
         shown = "; ".join(f"{key}: {a!r} there, {b!r} now" for key, a, b in differ[:4])

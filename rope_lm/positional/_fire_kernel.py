@@ -13,14 +13,14 @@ outside the causal (and window) range, so the buffer is the whole mask.
 
 The values are those of ``Fire._piecewise`` (the same float32 x, the same
 segment for every x, one multiply and one add per value), so the two paths
-agree to the last bit on this machine (tests/test_positional.py).
+agree to the last bit on this machine (tests/test_attention.py).
 """
-
-import numpy as np
-import torch
 
 import functools
 import importlib.util
+
+import numpy as np
+import torch
 
 _kernel = None
 

@@ -57,8 +57,12 @@ class Fire(PairwiseBias):
         # such (b, h, q, kv)-indexed reads, not through broadcast ones.
         f, H = self.layers[layer], self.dims.n_head
         width = f.w1.shape[0]
-        return (f.w1.expand(H, width), f.b1.expand(H, width), f.w2, f.b2, f.c.abs().expand(H),
-                (f.L_multiplier * f.init_L).abs().expand(H))
+        c, L = self._c_and_L(layer)
+        return (f.w1.expand(H, width), f.b1.expand(H, width), f.w2, f.b2, c.expand(H), L.expand(H))
+
+    def _c_and_L(self, layer):
+        f = self.layers[layer]
+        return f.c.abs(), (f.L_multiplier * f.init_L).abs()
 
     @staticmethod
     def normalised(distance, q_pos, c, L):
@@ -77,7 +81,7 @@ class Fire(PairwiseBias):
 
     def distance_bias(self, layer, pos, ctx):
         f = self.layers[layer]
-        c, L = f.c.abs(), (f.L_multiplier * f.init_L).abs()
+        c, L = self._c_and_L(layer)
         p = pos.to(torch.float32)
         # Only while every query is within L is the normaliser psi(L) for all
         # rows, and the bias a function of the distance alone.
@@ -88,7 +92,7 @@ class Fire(PairwiseBias):
 
     def bias(self, layer, q_pos, k_pos, ctx):
         f = self.layers[layer]
-        c, L = f.c.abs(), (f.L_multiplier * f.init_L).abs()
+        c, L = self._c_and_L(layer)
         x = self.normalised(causal_distance(q_pos, k_pos), q_pos.to(torch.float32)[:, None], c, L)
         if not (torch.is_grad_enabled() and f.w1.requires_grad):
             return self._piecewise(layer, ctx)(x)
@@ -126,10 +130,9 @@ class Fire(PairwiseBias):
         steps = pos[1:] - pos[:-1]
         if not integer_valued(pos) or (steps.numel() and not bool((steps == 1).all())):
             return None
-        f = self.layers[layer]
-        c, L = f.c.abs().float(), (f.L_multiplier * f.init_L).abs().float()
+        c, L = self._c_and_L(layer)
         p = pos.to(torch.float32)
-        psi = torch.log1p(c * causal_distance(p, p[:1])[:, 0])
+        psi = torch.log1p(c * (p - p[0]))
         den = torch.log1p(c * torch.maximum(p, L)) + EPS
         return psi.contiguous(), den.contiguous()
 
