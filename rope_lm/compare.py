@@ -29,6 +29,7 @@ import re
 
 from rope_lm.errors import ConfigError
 from rope_lm.report import RESULTS_JSON, atomic_write, log_binned
+from rope_lm.run_settings import BOOKKEEPING, without
 from rope_lm.sweep import job_dirs, sweep_jobs
 
 log = logging.getLogger("rope_lm")
@@ -39,8 +40,9 @@ CSV_COLUMNS = ["group", "label", "scheme", "method", "seed", "train_len", "lengt
                "protocol", "within_noise_of_best", "corpus", "split", "tokenizer", "run_dir"]
 SEED_COLUMNS = ["group", "label", "scheme", "method", "train_len", "length", "n_seeds", "seeds", "ppl_mean", "ppl_sd",
                 "ppl_min", "ppl_max", "noise_lo", "noise_hi", "per_seed", "within_noise_of_best", "run_dirs"]
-# Settings that name or log a run without changing what it computes.
-NOT_A_SETTING = {"seed", "run_name", "logger"}
+# Seed replicas: runs whose settings are equal once the seed and the bookkeeping
+# (rope_lm.run_settings.BOOKKEEPING) are left out.
+NOT_A_SETTING = BOOKKEEPING | {"seed"}
 
 
 @dataclass(frozen=True)
@@ -256,7 +258,7 @@ def load_run(path: str) -> Run:
         by_method.setdefault(row["method"], {})[int(row["length"])] = row
     config = results.get("config") or {}
     seed = config.get("seed")
-    setting = json.dumps({k: v for k, v in config.items() if k not in NOT_A_SETTING}, sort_keys=True, default=str)
+    setting = json.dumps(without(config, NOT_A_SETTING), sort_keys=True, default=str)
     run.series = [Series(run_dir=run.dir, scheme=results["scheme"], method=m, train_len=key.train_len, rows=rows,
                          seed=seed, setting=f"{results['scheme']}|{m}|{setting}")
                   for m, rows in by_method.items()]

@@ -11,7 +11,6 @@ receives objects that are known to be valid.
 
 from dataclasses import dataclass, field, fields
 import inspect
-import json
 import types
 import typing
 
@@ -325,21 +324,3 @@ def resolve_run(cfg: dict) -> RunConfig:
     if not run.init_from:  # a fine-tune runs at the checkpoint's L: load_init_from checks it with that
         check_fit(mcfg, pos, scaling, max(run.lengths + [data.seq_len]))
     return run
-
-
-def settings_differences(saved: dict, given: dict, ignored=frozenset()) -> list[tuple]:
-    """(dotted key, saved value, given value) for every setting that differs,
-    outside the `ignored` top-level keys; values compared as JSON gives them
-    back (tuples as lists), the form a saved run.yaml or results file has."""
-    given = json.loads(json.dumps(given))
-    return _differences({k: v for k, v in saved.items() if k not in ignored},
-                        {k: v for k, v in given.items() if k not in ignored})
-
-
-def _differences(a, b, prefix: str = "") -> list[tuple]:
-    if isinstance(a, dict) and isinstance(b, dict):
-        out = []
-        for key in sorted(set(a) | set(b), key=str):
-            out += _differences(a.get(key), b.get(key), f"{prefix}{key}.")
-        return out
-    return [] if a == b else [(prefix.rstrip("."), a, b)]

@@ -18,14 +18,15 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from rope_lm.checkpointing import AtomicCheckpointIO, GracefulStop, check_resumable, load_checkpoint, read_checkpoint, resolve_checkpoint
 from rope_lm.allocator import KeepFreedMemory
-from rope_lm.config import (DATA_ANNOTATIONS, RunConfig, TrainerConfig, resolve_run, settings_differences, split_data, typed,
-                            typed_component, typed_dataclass)
+from rope_lm.config import (DATA_ANNOTATIONS, RunConfig, TrainerConfig, resolve_run, split_data, typed, typed_component,
+                            typed_dataclass)
 from rope_lm.data import LMDataModule, prepare
 from rope_lm.errors import ConfigError, RopeLMError
 from rope_lm.evaluation import EvalConfig, eval_summary, evaluate_lengths
 from rope_lm.lit import LitLM, TokensPerSecond
 from rope_lm.model import check_fit
 from rope_lm.report import RESULTS_JSON, atomic_write, log_to_wandb, new_results, write_json, write_views
+from rope_lm.run_settings import BOOKKEEPING, settings_differences
 from rope_lm.scaling import METHODS
 
 log = logging.getLogger("rope_lm")
@@ -260,10 +261,6 @@ def claim_run_dir(out_dir: str, ckpt_path: str | None) -> None:
     _claimed[os.path.abspath(out_dir)] = (lock, True)
 
 
-# Settings a study may change between sittings without changing what its runs compute.
-IGNORED_BY_CONTINUE = {"ckpt_path", "existing", "logger", "run_name"}
-
-
 def continue_run(run: RunConfig, out_dir: str) -> tuple[RunConfig | None, str]:
     """existing=continue: what is left to do in this run folder, so that a
     study's command run again (in another sitting, or on another machine
@@ -317,7 +314,7 @@ def _check_same_settings(run: RunConfig, out_dir: str) -> None:
         return
     with open(path) as f:
         saved = yaml.safe_load(f) or {}
-    differ = settings_differences(saved, run.raw, IGNORED_BY_CONTINUE)
+    differ = settings_differences(saved, run.raw, BOOKKEEPING)
     if differ:
         shown = "; ".join(f"{key}: {a!r} there, {b!r} now" for key, a, b in differ[:4])
         raise ConfigError(

@@ -33,13 +33,13 @@ import torch
 import torch.nn.functional as F
 
 from rope_lm import bootstrap
-from rope_lm.config import (DERIVED_MODEL_KEYS, EXISTING, dataclass_annotations, settings_differences, typed,
-                            typed_component, typed_dataclass)
+from rope_lm.config import DERIVED_MODEL_KEYS, EXISTING, dataclass_annotations, typed, typed_component, typed_dataclass
 from rope_lm.errors import ConfigError
 from rope_lm.lit import OptimConfig, build_optimizer
 from rope_lm.model import ModelConfig, build_model, check_fit
 from rope_lm.positional import SCHEMES
 from rope_lm.report import atomic_write, write_json
+from rope_lm.run_settings import settings_differences
 from rope_lm.scaling import METHODS
 from rope_lm.tasks import TASKS, build_task
 

@@ -23,7 +23,7 @@ def per_position(L, base_loss):
 
 def write_run(directory, scheme="rope", methods=None, train_len=64, fingerprint="abc123", vocab=4096,
               lengths=None, split="test", tokens=1024, status="complete", group=None, seed=None, ci=None,
-              protocol=None):
+              protocol=None, config=None):
     """A results.json as pipeline.evaluate_and_report writes it; methods maps
     a label to a function length -> ppl."""
     methods = methods if methods is not None else {"none": lambda L: 10.0 * L / train_len}
@@ -45,7 +45,7 @@ def write_run(directory, scheme="rope", methods=None, train_len=64, fingerprint=
                "corpus": {"source": "stdlib", "fingerprint": fingerprint},
                "config": {"data": {"vocab_size": vocab, "tokenizer_train_chars": 4_000_000},
                           "logger": {"name": "wandb", "group": group, "project": "rope-lm-test"},
-                          **({"seed": seed} if seed is not None else {})},
+                          **({"seed": seed} if seed is not None else {}), **(config or {})},
                "eval": {"split": split, "lengths": lengths, **({"protocol": protocol} if protocol else {})}, "methods": {m: {} for m in methods}, "results": rows}
     os.makedirs(directory, exist_ok=True)
     with open(os.path.join(directory, "results.json"), "w") as f:
@@ -326,9 +326,17 @@ def test_a_seed_aggregate_needs_the_same_settings(tmp_path):
     write_run(tmp_path / "s" / "a", "rope", seed=0)
     write_run(tmp_path / "s" / "b", "rope", seed=1, group="another-study")  # logger settings do not count
     write_run(tmp_path / "s" / "c", "rope", {"yarn": lambda L: 9.0}, seed=1)  # another method
+    # run on another machine, validated and checkpointed more often: the same experiment
+    write_run(tmp_path / "s" / "d", "rope", seed=2, config={"trainer": {"max_steps": 60, "val_every_n_steps": 7,
+                                                                         "ckpt_every_n_steps": 7}})
+    write_run(tmp_path / "s" / "e", "rope", seed=3, config={"trainer": {"max_steps": 60, "val_every_n_steps": 9},
+                                                             "data": {"vocab_size": 4096, "tokenizer_train_chars": 4_000_000,
+                                                                      "cache_dir": "/elsewhere/cache"}})
+    write_run(tmp_path / "s" / "f", "rope", seed=2, config={"trainer": {"max_steps": 90}})  # a longer training
+    write_run(tmp_path / "s" / "g", "rope", seed=3, config={"trainer": {"max_steps": 90}})
     summary = compare([str(tmp_path / "s")], str(tmp_path / "o"))
     (g,) = summary["groups"]
-    assert [[s.run_dir[-1] for s in a.members] for a in g.seed_aggregates()] == [["a", "b"]]
+    assert sorted([s.run_dir[-1] for s in a.members] for a in g.seed_aggregates()) == [["a", "b"], ["d", "e"], ["f", "g"]]
 
 
 def test_within_noise_rule_overlapping_intervals():

@@ -103,6 +103,22 @@ def test_continue_refuses_a_folder_with_other_settings(tiny_data_options, tmp_pa
         continue_run(run, str(tmp_path))
 
 
+def test_continue_takes_a_folder_whose_run_differs_only_in_bookkeeping(tiny_data_options, tmp_path):
+    # The same study finished on another machine: its token cache elsewhere, validating more often.
+    run = settings(tiny_data_options, **{"trainer.max_steps": 10, "existing": "continue"})
+    import yaml
+
+    saved = {**run.raw, "data": {**run.raw["data"], "cache_dir": "/elsewhere/cache", "num_proc": 8},
+             "trainer": {**run.raw["trainer"], "val_every_n_steps": 7, "ckpt_every_n_steps": 3}}
+    (tmp_path / RUN_CONFIG).write_text(yaml.safe_dump(saved))
+    assert continue_run(run, str(tmp_path))[1] == "starting"
+    saved["data"]["seq_len"] = run.raw["data"]["seq_len"] * 2  # but not a setting that changes the model
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / RUN_CONFIG).write_text(yaml.safe_dump(saved))
+    with pytest.raises(ConfigError, match=r"other settings \(data.seq_len: "):
+        continue_run(run, str(tmp_path / "other"))
+
+
 def test_continue_skips_a_folder_another_process_holds(tiny_data_options, tmp_path):
     run = settings(tiny_data_options, **{"existing": "continue"})
     with FileLock(str(tmp_path / ".run.lock")):

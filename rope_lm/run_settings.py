@@ -1,0 +1,49 @@
+"""Comparing two runs' settings: which keys differ, and which keys are
+bookkeeping (where files go, how often they are written) rather than part of
+the experiment. Used when a study continues a run folder (pipeline, task
+runs) and when compare.py groups seed replicas; kept free of torch so that
+compare.py stays quick to import."""
+
+import json
+
+# Settings that say where a run's files go, how often it writes them and how
+# fast it reads its data, never what it computes: two runs that differ only in
+# these are the same experiment (a study finished on another machine, with its
+# token cache elsewhere, or one validated more often). Evaluation reads the
+# final weights, so validation and checkpoint intervals change no result.
+BOOKKEEPING = frozenset({
+    "ckpt_path", "existing", "logger", "run_name",
+    "data.cache_dir", "data.num_workers", "data.num_proc", "data.memory_mb", "data.full_check",
+    "trainer.val_every_n_steps", "trainer.ckpt_every_n_steps", "trainer.ckpt_every_minutes",
+    "trainer.log_every_n_steps", "trainer.enable_progress_bar",
+})
+
+
+def without(config: dict, keys) -> dict:
+    """`config` without the given top-level or dotted keys (a copy)."""
+    out = dict(config)
+    for key in keys:
+        head, _, rest = key.partition(".")
+        if not rest:
+            out.pop(head, None)
+        elif isinstance(out.get(head), dict):
+            out[head] = without(out[head], [rest])
+    return out
+
+
+def settings_differences(saved: dict, given: dict, ignored=frozenset()) -> list[tuple]:
+    """(dotted key, saved value, given value) for every setting that differs,
+    outside the `ignored` keys (top-level or dotted); values compared as JSON
+    gives them back (tuples as lists), the form a saved run.yaml or results
+    file has."""
+    given = json.loads(json.dumps(given))
+    return _differences(without(saved, ignored), without(given, ignored))
+
+
+def _differences(a, b, prefix: str = "") -> list[tuple]:
+    if isinstance(a, dict) and isinstance(b, dict):
+        out = []
+        for key in sorted(set(a) | set(b), key=str):
+            out += _differences(a.get(key), b.get(key), f"{prefix}{key}.")
+        return out
+    return [] if a == b else [(prefix.rstrip("."), a, b)]
