@@ -1,6 +1,7 @@
 """The LightningModule: loss, optimizer, schedule, logging."""
 
 from dataclasses import dataclass
+import logging
 import math
 import time
 
@@ -11,6 +12,8 @@ import torch.nn.functional as F
 from rope_lm.errors import ConfigError, TrainingDiverged
 from rope_lm.head import mean_cross_entropy
 from rope_lm.model import build_model
+
+log = logging.getLogger("rope_lm")
 
 
 @dataclass
@@ -184,3 +187,33 @@ class TokensPerSecond(L.Callback):
             now = time.perf_counter()
             pl_module.log("train/tokens_per_s", self._tokens / max(1e-9, now - self._t), prog_bar=True)
             self._t, self._tokens = now, 0
+
+
+class ProgressLog(L.Callback):
+    """A line in the run's log at every validation (step of max_steps, losses,
+    throughput, time left), so that a run in the background, whose progress
+    bar goes nowhere, says where it is in train.log."""
+
+    def __init__(self):
+        self._start = None  # (time, step) when this process began training
+
+    def on_train_start(self, trainer, pl_module):
+        self._start = (time.perf_counter(), trainer.global_step)
+
+    def on_validation_end(self, trainer, pl_module):
+        if trainer.sanity_checking or not trainer.is_global_zero or self._start is None:
+            return
+        m = trainer.callback_metrics
+        step, total = trainer.global_step, trainer.max_steps
+        t0, step0 = self._start
+        rate = (step - step0) / max(1e-9, time.perf_counter() - t0)
+        left = f", about {_duration((total - step) / rate)} left" if rate > 0 and total > step else ""
+        parts = [f"{k} {float(m[k]):.4f}" for k in ("train/loss", "val/loss") if k in m]
+        if "train/tokens_per_s" in m:
+            parts.append(f"{float(m['train/tokens_per_s']):,.0f} tokens/s")
+        log.info("step %d/%d: %s%s", step, total, ", ".join(parts), left)
+
+
+def _duration(seconds: float) -> str:
+    minutes = int(round(seconds / 60))
+    return f"{minutes // 60} h {minutes % 60} min" if minutes >= 60 else f"{max(1, minutes)} min"

@@ -23,7 +23,7 @@ from rope_lm.config import (DATA_ANNOTATIONS, RunConfig, TrainerConfig, resolve_
 from rope_lm.data import LMDataModule, prepare
 from rope_lm.errors import ConfigError, RopeLMError
 from rope_lm.evaluation import EvalConfig, eval_summary, evaluate_lengths
-from rope_lm.lit import LitLM, TokensPerSecond
+from rope_lm.lit import LitLM, ProgressLog, TokensPerSecond
 from rope_lm.model import check_fit
 from rope_lm.report import RESULTS_JSON, atomic_write, log_to_wandb, new_results, write_json, write_views
 from rope_lm.run_settings import BOOKKEEPING, settings_differences
@@ -66,6 +66,7 @@ def trainer_kwargs(tc: TrainerConfig, out_dir: str, logger, on_stop=None) -> dic
                         every_n_train_steps=None if minutes else tc.ckpt_every_n_steps,
                         train_time_interval=datetime.timedelta(minutes=minutes) if minutes else None),
         TokensPerSecond(every=lightning.get("log_every_n_steps") or 10),
+        ProgressLog(),
         GracefulStop(ckpt_dir, on_stop),
         KeepFreedMemory(),
     ]

@@ -1,14 +1,16 @@
 """End to end: config dict -> cache -> training -> results files."""
 
 import json
+import logging
 import os
 
 from rope_lm.pipeline import train_and_evaluate
 
 
-def test_tiny_train_and_eval_writes_results(tiny_config, tmp_path):
+def test_tiny_train_and_eval_writes_results(tiny_config, tmp_path, caplog):
     out = str(tmp_path / "run")
-    results = train_and_evaluate(tiny_config, out)
+    with caplog.at_level(logging.INFO, logger="rope_lm"):
+        results = train_and_evaluate(tiny_config, out)
     for name in ("results.json", "results.md", "ppl_vs_length.png", "checkpoints/last.ckpt", "checkpoints/best.ckpt"):
         assert os.path.exists(os.path.join(out, name)), name
     saved = json.load(open(os.path.join(out, "results.json")))
@@ -18,6 +20,11 @@ def test_tiny_train_and_eval_writes_results(tiny_config, tmp_path):
     assert saved["training"]["steps"] == 6
     assert results["results"][1]["loss_beyond"] is not None and results["results"][0]["loss_beyond"] is None
     assert "| none |" in open(os.path.join(out, "results.md")).read()
+    # each validation puts a progress line in the log (train.log under train.py), the last with nothing left
+    progress = [r.getMessage() for r in caplog.records if r.getMessage().startswith("step ")]
+    assert [p.split(":")[0] for p in progress] == ["step 3/6", "step 6/6"]
+    assert "val/loss" in progress[0] and "tokens/s" in progress[0] and "left" in progress[0]
+    assert "left" not in progress[1]
 
 
 def test_fractional_multipliers_as_the_pe_extrapolation_preset_uses(tiny_config, tmp_path):
