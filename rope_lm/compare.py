@@ -29,7 +29,7 @@ import re
 
 from rope_lm.errors import ConfigError
 from rope_lm.report import RESULTS_JSON, atomic_write, log_binned
-from rope_lm.run_settings import BOOKKEEPING, without
+from rope_lm.run_settings import BOOKKEEPING, settings_key
 from rope_lm.sweep import job_dirs, sweep_jobs
 
 log = logging.getLogger("rope_lm")
@@ -258,7 +258,7 @@ def load_run(path: str) -> Run:
         by_method.setdefault(row["method"], {})[int(row["length"])] = row
     config = results.get("config") or {}
     seed = config.get("seed")
-    setting = json.dumps(without(config, NOT_A_SETTING), sort_keys=True, default=str)
+    setting = settings_key(config, NOT_A_SETTING)
     run.series = [Series(run_dir=run.dir, scheme=results["scheme"], method=m, train_len=key.train_len, rows=rows,
                          seed=seed, setting=f"{results['scheme']}|{m}|{setting}")
                   for m, rows in by_method.items()]

@@ -31,6 +31,18 @@ def without(config: dict, keys) -> dict:
     return out
 
 
+def settings_key(config: dict, ignored=frozenset()) -> str:
+    """One string per experiment: equal for two configs exactly when
+    settings_differences finds nothing between them. Keys that are None are
+    left out, as there a missing key and a None compare equal: an option added
+    to the code since an older run (absent there, None now) changes nothing."""
+    def drop_none(value):
+        if isinstance(value, dict):
+            return {k: drop_none(v) for k, v in value.items() if v is not None}
+        return value
+    return json.dumps(drop_none(json.loads(json.dumps(without(config, ignored), default=str))), sort_keys=True)
+
+
 def settings_differences(saved: dict, given: dict, ignored=frozenset()) -> list[tuple]:
     """(dotted key, saved value, given value) for every setting that differs,
     outside the `ignored` keys (top-level or dotted); values compared as JSON

@@ -326,10 +326,13 @@ def test_a_seed_aggregate_needs_the_same_settings(tmp_path):
     write_run(tmp_path / "s" / "a", "rope", seed=0)
     write_run(tmp_path / "s" / "b", "rope", seed=1, group="another-study")  # logger settings do not count
     write_run(tmp_path / "s" / "c", "rope", {"yarn": lambda L: 9.0}, seed=1)  # another method
-    # run on another machine, validated and checkpointed more often: the same experiment
+    # run on another machine, validated and checkpointed more often, by a version of the code that has an
+    # option more (unset: None): the same experiment
     write_run(tmp_path / "s" / "d", "rope", seed=2, config={"trainer": {"max_steps": 60, "val_every_n_steps": 7,
-                                                                         "ckpt_every_n_steps": 7}})
+                                                                         "ckpt_every_n_steps": 7},
+                                                             "optim": {"lr": 0.002, "fused": None}})
     write_run(tmp_path / "s" / "e", "rope", seed=3, config={"trainer": {"max_steps": 60, "val_every_n_steps": 9},
+                                                             "optim": {"lr": 0.002},
                                                              "data": {"vocab_size": 4096, "tokenizer_train_chars": 4_000_000,
                                                                       "cache_dir": "/elsewhere/cache"}})
     write_run(tmp_path / "s" / "f", "rope", seed=2, config={"trainer": {"max_steps": 90}})  # a longer training
