@@ -40,7 +40,7 @@ def settings_key(config: dict, ignored=frozenset()) -> str:
         if isinstance(value, dict):
             return {k: drop_none(v) for k, v in value.items() if v is not None}
         return value
-    return json.dumps(drop_none(json.loads(json.dumps(without(config, ignored), default=str))), sort_keys=True)
+    return json.dumps(drop_none(without(config, ignored)), sort_keys=True, default=str)
 
 
 def settings_differences(saved: dict, given: dict, ignored=frozenset()) -> list[tuple]:
