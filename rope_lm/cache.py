@@ -262,6 +262,26 @@ def _index_path(data: DataConfig, source_key: str, tokenizer: dict) -> str:
     return os.path.join(data.cache_dir, f"{data.name}-source-{key}.json")
 
 
+def _write_index(index: str, directory: str, source_key: str) -> None:
+    tmp = f"{index}.tmp-{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump({"cache": os.path.basename(directory), "source_key": source_key}, f)
+    os.replace(tmp, index)
+
+
+def _index_trained_tokenizer(cache: TokenCache, data: DataConfig, source_key: str, eos: str) -> None:
+    """Record a cache built with a trained tokenizer under that tokenizer's
+    file too: a resumed run or an evaluation is given the checkpoint's
+    tokenizer.json (data.tokenizer_file), which is this cache's own, and
+    would otherwise tokenize the same text again into a second cache."""
+    tokenizer = {"tokenizer_file_sha1": cache.meta["files"]["tokenizer.json"]["sha1"]}
+    if data.eos_token is not None:
+        tokenizer["eos_token"] = eos
+    alias = _index_path(data, source_key, tokenizer)
+    if not os.path.exists(alias):
+        _write_index(alias, cache.dir, source_key)
+
+
 def _no_lock():
     return contextlib.nullcontext()
 
@@ -304,6 +324,8 @@ def prepare(data: DataConfig, source: SourceConfig, expect_corpus: tuple[str, st
             cache = _quick_reuse(index, data)
             if cache is not None:
                 _check_corpus(cache.corpus, expect_corpus)
+                if tok is None:
+                    _index_trained_tokenizer(cache, data, source_key, eos)
                 log.info("Reusing token cache %s (source unchanged: sizes, mtimes and sampled bytes)", cache.dir)
                 return cache
         plan = _scan_with_progress(source)
@@ -323,11 +345,10 @@ def prepare(data: DataConfig, source: SourceConfig, expect_corpus: tuple[str, st
                 log.info("Building token cache %s (%s documents)", directory, sum(corpus["documents"].values()))
                 _build(directory, source, plan, data, tok, eos, settings)
         if index:
-            tmp = f"{index}.tmp-{os.getpid()}"
-            with open(tmp, "w") as f:
-                json.dump({"cache": os.path.basename(directory), "source_key": source_key}, f)
-            os.replace(tmp, index)
+            _write_index(index, directory, source_key)
     cache = TokenCache(directory)
+    if index and tok is None:
+        _index_trained_tokenizer(cache, data, source_key, eos)
     log.info("Token cache ready: %s tokens (train/valid/test %s)", sum(cache.meta["tokens"].values()),
              "/".join(str(cache.meta["tokens"][s]) for s in SPLITS))
     return cache

@@ -156,6 +156,29 @@ def _llama_style_tokenizer(path, specials=("<unk>", "<s>", "</s>")):
     return tok
 
 
+def test_a_resumed_run_given_its_checkpoints_tokenizer_reuses_the_cache_it_trained_on(tiny_data_options, tmp_path,
+                                                                                       monkeypatch):
+    import shutil
+
+    import rope_lm.cache as data_mod
+
+    opts = {**tiny_data_options, "path": write_corpus(tmp_path / "corpus"), "cache_dir": str(tmp_path / "cache")}
+    first = _prepare(opts)
+    saved = tmp_path / "run" / "tokenizer.json"  # what a resume writes from the checkpoint
+    saved.parent.mkdir()
+    shutil.copyfile(os.path.join(first.dir, "tokenizer.json"), saved)
+
+    def no_full_read(*a, **k):
+        raise AssertionError("the text was read again")
+
+    monkeypatch.setattr(data_mod, "scan", no_full_read)
+    assert _prepare(opts, tokenizer_file=str(saved)).dir == first.dir
+    other = tmp_path / "other.json"  # a file with other bytes is another tokenizer as far as the cache knows
+    other.write_text(saved.read_text() + "\n")
+    with pytest.raises(AssertionError, match="read again"):
+        _prepare(opts, tokenizer_file=str(other))
+
+
 def test_your_own_llama_style_tokenizer_ends_documents_with_its_eos(tiny_data_options, tmp_path):
     tok = _llama_style_tokenizer(tmp_path / "tokenizer.json")
     opts = {**tiny_data_options, "cache_dir": str(tmp_path / "cache"), "tokenizer": str(tmp_path / "tokenizer.json")}

@@ -58,6 +58,8 @@ def test_sigkill_then_resume_matches_an_uninterrupted_run(tiny_data_options, tmp
     resume = [sys.executable, "train.py", f"resume={cut_dir}"]
     done = subprocess.run(resume, cwd=ROOT, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
+    said = done.stdout + done.stderr
+    assert "Reusing token cache" in said and "Building token cache" not in said  # its text is not tokenized again
     full, resumed = losses(full_dir), losses(cut_dir)
     assert sorted(resumed) == sorted(full) == list(range(STEPS))
     assert [resumed[s] for s in range(STEPS)] == [full[s] for s in range(STEPS)]  # exact on CPU
