@@ -29,7 +29,7 @@ import re
 
 from rope_lm.errors import ConfigError
 from rope_lm.report import RESULTS_JSON, atomic_write, log_binned
-from rope_lm.run_settings import BOOKKEEPING, settings_key
+from rope_lm.run_settings import BOOKKEEPING, TASK_BOOKKEEPING, settings_key
 from rope_lm.sweep import job_dirs, sweep_jobs
 
 log = logging.getLogger("rope_lm")
@@ -41,8 +41,8 @@ CSV_COLUMNS = ["group", "label", "scheme", "method", "seed", "train_len", "lengt
 SEED_COLUMNS = ["group", "label", "scheme", "method", "train_len", "length", "n_seeds", "seeds", "ppl_mean", "ppl_sd",
                 "ppl_min", "ppl_max", "noise_lo", "noise_hi", "per_seed", "within_noise_of_best", "run_dirs"]
 # Seed replicas: runs whose settings are equal once the seed and the bookkeeping
-# (rope_lm.run_settings.BOOKKEEPING) are left out.
-NOT_A_SETTING = BOOKKEEPING | {"seed"}
+# (rope_lm.run_settings.BOOKKEEPING, TASK_BOOKKEEPING) are left out.
+NOT_A_SETTING = BOOKKEEPING | TASK_BOOKKEEPING | {"seed"}
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,10 @@ BOOKKEEPING = frozenset({
     "trainer.log_every_n_steps", "trainer.enable_progress_bar",
 })
 
+# The same for a task run (scripts/task.py): its log interval and CPU threads
+# change how it reports and how fast it runs, not what it learns.
+TASK_BOOKKEEPING = frozenset({"existing", "logger", "run_name", "threads", "train.log_every"})
+
 
 def without(config: dict, keys) -> dict:
     """`config` without the given top-level or dotted keys (a copy)."""

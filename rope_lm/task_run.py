@@ -39,7 +39,7 @@ from rope_lm.lit import OptimConfig, build_optimizer
 from rope_lm.model import ModelConfig, build_model, check_fit
 from rope_lm.positional import SCHEMES
 from rope_lm.report import atomic_write, write_json
-from rope_lm.run_settings import settings_differences
+from rope_lm.run_settings import TASK_BOOKKEEPING, settings_differences
 from rope_lm.scaling import METHODS
 from rope_lm.tasks import TASKS, build_task
 
@@ -335,7 +335,7 @@ def finished(run: TaskRun, out_dir: str) -> bool:
         return False
     if done.get("status") != "complete":
         return False
-    differ = settings_differences(done.get("config") or {}, run.raw, ignored={"existing"})
+    differ = settings_differences(done.get("config") or {}, run.raw, TASK_BOOKKEEPING)
     if differ:
         shown = "; ".join(f"{key}: {a!r} there, {b!r} now" for key, a, b in differ[:4])
         raise ConfigError(f"existing=continue: {out_dir} holds a task run with other settings ({shown}), so it is "

@@ -282,6 +282,8 @@ def test_a_task_run_again_is_refused_or_skipped(tmp_path):
     skipped = task_script(*args, "existing=continue", cwd=tmp_path)
     assert "results are complete; skipped" in skipped.stdout
     assert (out / T.TASK_JSON).read_bytes() == first
+    elsewhere = task_script(*args, "existing=continue", "threads=2", "train.log_every=1", cwd=tmp_path)
+    assert "results are complete; skipped" in elsewhere.stdout  # bookkeeping only: the same experiment
     other = task_script("task=copy", "pos=nope", *SMALL, "train.steps=5", f"hydra.run.dir={out}", "existing=continue",
                         cwd=tmp_path, status=2)
     assert "holds a task run with other settings" in " ".join(other.stderr.split())
