@@ -237,13 +237,26 @@ def check_claims(claims: list[dict], studies: dict[str, list[str]]) -> list[dict
     return out
 
 
+def short_names(paths) -> dict[str, str]:
+    """Each folder by its last path components, as few as tell it from every
+    other folder given (budget_pg19/2_rope_none_L64 vs budget_stdlib/2_rope_none_L64)."""
+    parts = {p: os.path.normpath(p).split(os.sep) for p in dict.fromkeys(paths)}
+    out = {}
+    for p, mine in parts.items():
+        n = 1
+        while n < len(mine) and any(q != p and other[-n:] == mine[-n:] for q, other in parts.items()):
+            n += 1
+        out[p] = "/".join(mine[-n:])
+    return out
+
+
 def markdown(rows: list[dict]) -> str:
     counts = {v: sum(r["verdict"] == v for r in rows) for v in (MATCHED, NOT_MATCHED, NOT_COMPARABLE)}
     lines = [f"{counts[MATCHED]} matched, {counts[NOT_MATCHED]} not matched, {counts[NOT_COMPARABLE]} not comparable.",
              "", "| claim | published | ours | rule | verdict |", "|---|---|---|---|---|"]
+    names = short_names(p for r in rows if r["results"] for p in r["results"].split(", "))
     for r in rows:
-        where = f" ({' + '.join(os.path.basename(os.path.normpath(p)) for p in r['results'].split(', '))})" \
-            if r["results"] else ""
+        where = f" ({' + '.join(names[p] for p in r['results'].split(', '))})" if r["results"] else ""
         lines.append(f"| **{r['id']}**{where}: {r['claim']} | {r['published']} | {r['ours']} | {r['rule']} | "
                      f"**{r['verdict']}** |")
     lines += ["", "Sources:", ""]

@@ -142,6 +142,12 @@ def test_a_study_entry_may_be_several_folders_read_together(tmp_path):
     assert "| **c** (0_alibi + 1_rope)" in P.markdown([together])
 
 
+def test_folders_of_one_name_under_two_studies_are_told_apart_in_the_table():
+    names = P.short_names(["out/budget_pg19/2_rope", "out/budget_stdlib/2_rope", "docs/results/pe_pg19", "x/pe_pg19_6000"])
+    assert names == {"out/budget_pg19/2_rope": "budget_pg19/2_rope", "out/budget_stdlib/2_rope": "budget_stdlib/2_rope",
+                     "docs/results/pe_pg19": "pe_pg19", "x/pe_pg19_6000": "pe_pg19_6000"}
+
+
 def test_a_folder_without_results_yet_leaves_its_claims_not_comparable(tmp_path):
     root = sweep(tmp_path)
     pending = tmp_path / "pending"
