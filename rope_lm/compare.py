@@ -29,7 +29,7 @@ import re
 
 from rope_lm.errors import ConfigError
 from rope_lm.report import RESULTS_JSON, atomic_write, log_binned
-from rope_lm.run_settings import BOOKKEEPING, TASK_BOOKKEEPING, settings_key
+from rope_lm.run_settings import BOOKKEEPING, TASK_BOOKKEEPING, settings_key, without
 from rope_lm.sweep import job_dirs, sweep_jobs
 
 log = logging.getLogger("rope_lm")
@@ -718,7 +718,7 @@ def log_to_wandb(summary: dict, project: str | None = None, group: str | None = 
 
 # --- synthetic-task results (rope_lm.task_run) ----------------------------------------
 
-TASK_COLUMNS = ["task", "scheme", "method", "seed", "train_max", "sizes", "inside", "max_tokens", "n", "accuracy",
+TASK_COLUMNS = ["task", "label", "scheme", "method", "seed", "train_max", "sizes", "inside", "max_tokens", "n", "accuracy",
                 "accuracy_lo", "accuracy_hi", "token_accuracy", "run_dir"]
 
 
@@ -756,14 +756,46 @@ def load_task_runs(paths: list[str]) -> list[dict]:
     return runs
 
 
-def _task_label(r: dict, seeds: bool) -> str:
-    label = r["scheme"] + ("" if r["method"] == "none" else f" + {r['method']}")
-    return label + (f" (seed {r['seed']})" if seeds else "")
-
-
-def _by_task(runs: list[dict]) -> dict[str, list[dict]]:
+def _task_labels(runs: list[dict]) -> dict[str, str]:
+    """run_dir -> scheme (+ method, + seed when several); where two runs of one
+    task would share a name (a budget sweep: train.steps=1000,4000), every run
+    of that name gets the settings they differ in, else its folder."""
+    seeds = len({r.get("seed") for r in runs}) > 1
     out = {}
-    for r in sorted(runs, key=lambda r: (r["task"], r["scheme"], r["method"], r.get("seed", 0))):
+    for r in runs:
+        label = r["scheme"] + ("" if r["method"] == "none" else f" + {r['method']}")
+        out[r["run_dir"]] = label + (f" (seed {r['seed']})" if seeds else "")
+
+    def clashes():
+        groups = {}
+        for r in runs:
+            groups.setdefault((r["task"], out[r["run_dir"]]), []).append(r)
+        return [rs for rs in groups.values() if len(rs) > 1]
+
+    flat = {r["run_dir"]: _flatten(without(r.get("config") or {}, NOT_A_SETTING)) for r in runs}
+    shown = {}
+    for same in clashes():
+        fs = [flat[r["run_dir"]] for r in same]
+        shown.setdefault(out[same[0]["run_dir"]], set()).update(
+            k for k in set().union(*fs) if len({json.dumps(f.get(k), sort_keys=True, default=str) for f in fs}) > 1)
+    for r in runs:
+        keys = sorted(shown.get(out[r["run_dir"]], ()))
+        if keys:
+            out[r["run_dir"]] += " (" + ", ".join(f"{k}={flat[r['run_dir']].get(k)}" for k in keys) + ")"
+    for same in clashes():  # the same settings in two folders
+        for r in same:
+            out[r["run_dir"]] += f" ({os.path.basename(r['run_dir'])})"
+    return out
+
+
+def _natural(text: str) -> list:
+    """Sort key that puts train.steps=4000 before train.steps=10000."""
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", text)]
+
+
+def _by_task(runs: list[dict], labels: dict[str, str]) -> dict[str, list[dict]]:
+    out = {}
+    for r in sorted(runs, key=lambda r: (r["task"], r["scheme"], r["method"], _natural(labels[r["run_dir"]]))):
         out.setdefault(r["task"], []).append(r)
     return out
 
@@ -773,11 +805,12 @@ def task_table(runs: list[dict]) -> str:
     the training sizes / past them, each with its 95% interval below."""
     from rope_lm.task_run import fmt_acc
 
-    seeds = len({r.get("seed") for r in runs}) > 1
-    labels = list(dict.fromkeys(_task_label(r, seeds) for r in sorted(runs, key=lambda r: (r["scheme"], r["method"]))))
+    names = _task_labels(runs)
+    ordered = sorted(runs, key=lambda r: (r["scheme"], r["method"], _natural(names[r["run_dir"]])))
+    labels = list(dict.fromkeys(names[r["run_dir"]] for r in ordered))
     lines = ["| task (train sizes → tested) | " + " | ".join(labels) + " |", "|---|" + "---|" * len(labels)]
-    for task, rs in _by_task(runs).items():
-        cells = {_task_label(r, seeds): r for r in rs}
+    for task, rs in _by_task(runs, names).items():
+        cells = {names[r["run_dir"]]: r for r in rs}
         first = rs[0]
         head = f"{task} ({first['train_sizes'][0]}-{first['train_sizes'][1]} → {first['test_max']})"
         lines.append(f"| {head} | " + " | ".join(
@@ -808,10 +841,10 @@ def compare_tasks(paths: list[str], out_dir: str, title: str | None = None) -> d
         raise ConfigError(f"No task_results.json under {', '.join(paths)}: point compare at scripts/task.py runs.")
     os.makedirs(out_dir, exist_ok=True)
     title = title or "Length generalization on synthetic tasks"
-    seeds = len({r.get("seed") for r in runs}) > 1
+    names = _task_labels(runs)
     md = [f"# {title}", "", "Exact match inside / past the training sizes:", "", task_table(runs), ""]
     rows, plots = [], []
-    for task, rs in _by_task(runs).items():
+    for task, rs in _by_task(runs, names).items():
         train_max = {r["train_sizes"][1] for r in rs}
         if len(train_max) > 1:
             md += [f"**{task}**: runs trained on different sizes ({sorted(train_max)}) are tabulated but not "
@@ -820,14 +853,15 @@ def compare_tasks(paths: list[str], out_dir: str, title: str | None = None) -> d
         md += [f"## {task}", "", "| run | " + " | ".join(bucket_labels) + " |", "|---|" + "---|" * len(bucket_labels)]
         for r in rs:
             by = {b["label"]: b for b in r["buckets"]}
-            md.append(f"| {_task_label(r, seeds)} | " + " | ".join(fmt_acc(by.get(l)) for l in bucket_labels) + " |")
-            rows += [{"task": task, "scheme": r["scheme"], "method": r["method"], "seed": r.get("seed"),
+            md.append(f"| {names[r['run_dir']]} | " + " | ".join(fmt_acc(by.get(l)) for l in bucket_labels) + " |")
+            rows += [{"task": task, "label": names[r["run_dir"]], "scheme": r["scheme"], "method": r["method"],
+                      "seed": r.get("seed"),
                       "train_max": r["train_sizes"][1], "sizes": b["label"], "run_dir": r["run_dir"],
-                      **{c: b.get(c) for c in TASK_COLUMNS if c in b and c != "sizes"}} for b in r["buckets"]]
+                      **{c: b.get(c) for c in TASK_COLUMNS if c in b and c not in ("sizes", "label")}} for b in r["buckets"]]
         md.append("")
         if len(train_max) == 1:
             png = os.path.join(out_dir, f"accuracy_vs_length_{task}.png")
-            plot_accuracy(rs, png, f"{title}: {task}")
+            plot_accuracy([dict(r, label=names[r["run_dir"]]) for r in rs], png, f"{title}: {task}")
             plots.append(png)
     files = {"markdown": os.path.join(out_dir, "compare_tasks.md"), "csv": os.path.join(out_dir, "compare_tasks.csv"),
              "plots": plots}

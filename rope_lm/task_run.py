@@ -427,7 +427,7 @@ def plot_accuracy(runs: list[dict], path: str, title: str | None = None):
     for r in runs:
         mids = [(b["sizes"][0] + b["sizes"][1]) / 2 for b in r["buckets"]]
         acc = [b["accuracy"] for b in r["buckets"]]
-        line, = ax.plot(mids, acc, marker="o", label=f"{r['scheme']} + {r['method']}" if len(runs) > 1 else None)
+        line, = ax.plot(mids, acc, marker="o", label=r.get("label") or f"{r['scheme']} + {r['method']}" if len(runs) > 1 else None)
         lo = [b["accuracy_lo"] if b["accuracy_lo"] is not None else b["accuracy"] for b in r["buckets"]]
         hi = [b["accuracy_hi"] if b["accuracy_hi"] is not None else b["accuracy"] for b in r["buckets"]]
         ax.fill_between(mids, lo, hi, color=line.get_color(), alpha=0.15)

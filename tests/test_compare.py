@@ -446,3 +446,33 @@ def test_study_presets_continue_and_their_budgets():
         run = resolve_run(compose(["+experiment=pe_extrapolation_125m", f"experiment/pe_scheme@_global_={scheme}",
                                    "data.path=unused"])[0])
         assert max(run.lengths) == 32 * 512 and run.eval.protocol == "documents"
+
+
+def _task_run(tmp_path, folder, task, scheme, steps, hit):
+    from rope_lm.task_run import TASK_JSON
+
+    acc = {"accuracy": hit, "accuracy_lo": hit, "accuracy_hi": hit, "n": 10}
+    run = {"kind": "task", "task": task, "scheme": scheme, "method": "none", "seed": 0, "train_sizes": [1, 6],
+           "test_max": 12, "inside": acc, "beyond": acc, "status": "complete",
+           "buckets": [{"label": "7-8", "sizes": [7, 8], "inside": False, "max_tokens": 9, **acc}],
+           "config": {"task": {"name": task}, "pos": {"name": scheme}, "train": {"steps": steps, "log_every": 5},
+                      "seed": 0, "threads": 1}}
+    os.makedirs(tmp_path / folder)
+    (tmp_path / folder / TASK_JSON).write_text(json.dumps(run))
+
+
+def test_task_runs_of_one_scheme_at_two_budgets_keep_both_rows_named_by_the_budget(tmp_path):
+    from rope_lm.compare import compare_tasks
+
+    _task_run(tmp_path, "0_copy_rope", "copy", "rope", 1000, 0.25)
+    _task_run(tmp_path, "1_copy_rope", "copy", "rope", 10000, 0.75)
+    _task_run(tmp_path, "2_sort_rope", "sort", "rope", 10000, 0.5)  # its 1,000-step twin not run yet
+    out = compare_tasks([str(tmp_path)], str(tmp_path / "cmp"))
+    md = open(out["files"]["markdown"]).read()
+    header = md.splitlines()[4]
+    assert header == "| task (train sizes → tested) | rope (train.steps=1000) | rope (train.steps=10000) |"
+    assert "| copy (1-6 → 12) | 25% [25%, 75%]" not in md  # both runs shown, neither overwritten
+    assert "| copy (1-6 → 12) | 25% [25%, 25%] / 25% [25%, 25%] | 75% [75%, 75%] / 75% [75%, 75%] |" in md
+    assert "| sort (1-6 → 12) | — | 50% [50%, 50%] / 50% [50%, 50%] |" in md
+    labels = {r["label"] for r in csv.DictReader(open(out["files"]["csv"]))}
+    assert labels == {"rope (train.steps=1000)", "rope (train.steps=10000)"}
