@@ -318,6 +318,21 @@ def score(sizes: Sizes, task, tests: dict, scored: dict, resamples: int, seed: i
     return {"buckets": rows, **pooled}
 
 
+def claim(out_dir: str):
+    """The run folder's lock, held while this process runs the task there; None
+    when another process holds it (one study run from two shells or machines
+    sharing the folder: each run is trained once, by whichever came first)."""
+    from filelock import FileLock, Timeout
+
+    os.makedirs(out_dir, exist_ok=True)
+    lock = FileLock(os.path.join(out_dir, ".run.lock"))
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        return None
+    return lock
+
+
 def finished(run: TaskRun, out_dir: str) -> bool:
     """Whether out_dir holds this run's complete results already: with
     existing=continue it is skipped (a task run is short: one that stopped

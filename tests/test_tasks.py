@@ -272,6 +272,22 @@ def test_sweep_prints_the_table_and_compare_reads_it(tmp_path):
     assert (tmp_path / "sweep" / "compare" / "accuracy_vs_length_copy.png").exists()
 
 
+def test_a_folder_another_process_is_running_is_skipped_or_refused(tmp_path):
+    from filelock import FileLock
+
+    out = tmp_path / "run"
+    out.mkdir()
+    args = ["task=copy", "pos=nope", *SMALL, f"hydra.run.dir={out}"]
+    with FileLock(str(out / ".run.lock")):  # another process's run in progress there
+        skipped = task_script(*args, "existing=continue", cwd=tmp_path)
+        assert "another process is running it; skipped" in skipped.stdout
+        refused = task_script(*args, cwd=tmp_path, status=2)
+        assert "Another rope-lm process is running a task in" in " ".join(refused.stderr.split())
+    assert not (out / T.TASK_JSON).exists()  # neither trained there
+    task_script(*args, "existing=continue", cwd=tmp_path)  # once it is free, the run is done
+    assert (out / T.TASK_JSON).exists()
+
+
 def test_a_task_run_again_is_refused_or_skipped(tmp_path):
     out = tmp_path / "run"
     args = ["task=copy", "pos=nope", *SMALL, f"hydra.run.dir={out}"]
