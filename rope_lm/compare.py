@@ -354,12 +354,17 @@ def _label(g: Group):
         # Runs of one scheme that differ in settings (a budget sweep: trainer.max_steps=600,2000) are named by
         # those settings; seed replicas, which differ in nothing else, by their folders.
         flat = [_flatten(json.loads(s.setting.split("|", 2)[2])) for s in same]
-        keys = sorted(k for k in set().union(*flat) if len({json.dumps(f.get(k), sort_keys=True) for f in flat}) > 1
-                      and not k.startswith(("ckpt_path", "init_from", "existing")))
+        keys = [k for k in _differing_keys(flat) if not k.startswith(("ckpt_path", "init_from", "existing"))]
         for s, f in zip(same, flat):
             shown = ", ".join(f"{k}={f.get(k)}" for k in keys)
             s.label += f" ({shown})" if shown and len({json.dumps([f.get(k) for k in keys]) for f in flat}) == len(same) \
                 else f" ({os.path.relpath(s.run_dir, root)})"
+
+
+def _differing_keys(flat: list[dict]) -> list[str]:
+    """The (flattened) keys whose values are not the same in every config."""
+    return sorted(k for k in set().union(*flat) if len({json.dumps(f.get(k), sort_keys=True, default=str)
+                                                        for f in flat}) > 1)
 
 
 def _flatten(d, prefix: str = "") -> dict:
@@ -775,9 +780,7 @@ def _task_labels(runs: list[dict]) -> dict[str, str]:
     flat = {r["run_dir"]: _flatten(without(r.get("config") or {}, NOT_A_SETTING)) for r in runs}
     shown = {}
     for same in clashes():
-        fs = [flat[r["run_dir"]] for r in same]
-        shown.setdefault(out[same[0]["run_dir"]], set()).update(
-            k for k in set().union(*fs) if len({json.dumps(f.get(k), sort_keys=True, default=str) for f in fs}) > 1)
+        shown.setdefault(out[same[0]["run_dir"]], set()).update(_differing_keys([flat[r["run_dir"]] for r in same]))
     for r in runs:
         keys = sorted(shown.get(out[r["run_dir"]], ()))
         if keys:

@@ -232,20 +232,30 @@ def write_run_config(run: RunConfig, out_dir: str) -> None:
     atomic_write(os.path.join(out_dir, RUN_CONFIG), yaml.safe_dump(run.raw, sort_keys=False))
 
 
-def claim_run_dir(out_dir: str, ckpt_path: str | None) -> None:
-    """Refuse a folder that another run is using or has used: a run's files
-    are never overwritten by accident. Its own resume (a checkpoint inside
-    the folder) is the one way back in."""
+def lock_run_dir(out_dir: str):
+    """The run folder's lock, taken without waiting and held while a run (a
+    training or a task) works there; None when another process holds it."""
     from filelock import FileLock, Timeout
 
+    os.makedirs(out_dir, exist_ok=True)
     lock = FileLock(os.path.join(out_dir, ".run.lock"))
     try:
         lock.acquire(timeout=0)
     except Timeout:
+        return None
+    return lock
+
+
+def claim_run_dir(out_dir: str, ckpt_path: str | None) -> None:
+    """Refuse a folder that another run is using or has used: a run's files
+    are never overwritten by accident. Its own resume (a checkpoint inside
+    the folder) is the one way back in."""
+    lock = lock_run_dir(out_dir)
+    if lock is None:
         raise ConfigError(
             f"Another rope-lm process is running in {out_dir} right now. Give this run its own folder "
             f"(leave hydra.run.dir at its default, which is unique per run, or choose another)."
-        ) from None
+        )
     resuming = ckpt_path is not None and os.path.abspath(ckpt_path).startswith(os.path.abspath(out_dir) + os.sep)
     if resuming:
         _claimed[os.path.abspath(out_dir)] = (lock, False)
@@ -273,15 +283,10 @@ def continue_run(run: RunConfig, out_dir: str) -> tuple[RunConfig | None, str]:
     so two machines running one study never train the same run. A folder
     whose run.yaml records other settings is refused: continuing would mix
     two experiments under one name."""
-    from filelock import FileLock, Timeout
-
     from rope_lm.sweep import job_state
 
-    os.makedirs(out_dir, exist_ok=True)
-    lock = FileLock(os.path.join(out_dir, ".run.lock"))
-    try:
-        lock.acquire(timeout=0)
-    except Timeout:
+    lock = lock_run_dir(out_dir)
+    if lock is None:
         return None, "another process is running it"
     try:
         _check_same_settings(run, out_dir)

@@ -318,21 +318,6 @@ def score(sizes: Sizes, task, tests: dict, scored: dict, resamples: int, seed: i
     return {"buckets": rows, **pooled}
 
 
-def claim(out_dir: str):
-    """The run folder's lock, held while this process runs the task there; None
-    when another process holds it (one study run from two shells or machines
-    sharing the folder: each run is trained once, by whichever came first)."""
-    from filelock import FileLock, Timeout
-
-    os.makedirs(out_dir, exist_ok=True)
-    lock = FileLock(os.path.join(out_dir, ".run.lock"))
-    try:
-        lock.acquire(timeout=0)
-    except Timeout:
-        return None
-    return lock
-
-
 def finished(run: TaskRun, out_dir: str) -> bool:
     """Whether out_dir holds this run's complete results already: with
     existing=continue it is skipped (a task run is short: one that stopped
@@ -442,7 +427,7 @@ def plot_accuracy(runs: list[dict], path: str, title: str | None = None):
     for r in runs:
         mids = [(b["sizes"][0] + b["sizes"][1]) / 2 for b in r["buckets"]]
         acc = [b["accuracy"] for b in r["buckets"]]
-        line, = ax.plot(mids, acc, marker="o", label=r.get("label") or f"{r['scheme']} + {r['method']}" if len(runs) > 1 else None)
+        line, = ax.plot(mids, acc, marker="o", label=(r.get("label") or f"{r['scheme']} + {r['method']}") if len(runs) > 1 else None)
         lo = [b["accuracy_lo"] if b["accuracy_lo"] is not None else b["accuracy"] for b in r["buckets"]]
         hi = [b["accuracy_hi"] if b["accuracy_hi"] is not None else b["accuracy"] for b in r["buckets"]]
         ax.fill_between(mids, lo, hi, color=line.get_color(), alpha=0.15)

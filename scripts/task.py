@@ -36,7 +36,8 @@ def main(cfg):
 
     from rope_lm.errors import ConfigError
     from rope_lm.loggers import build_logger, finish
-    from rope_lm.task_run import claim, finished, markdown, resolve_task_run, run_task
+    from rope_lm.pipeline import lock_run_dir
+    from rope_lm.task_run import finished, markdown, resolve_task_run, run_task
 
     logging.basicConfig(level=logging.INFO, format="[%(name)s] %(message)s")
     config = OmegaConf.to_container(cfg, resolve=True)
@@ -48,7 +49,7 @@ def main(cfg):
         _SWEEPS.add(hc.sweep.dir)
         atexit.register(summarize, hc.sweep.dir)
     where = os.path.relpath(out_dir, hc.runtime.cwd)
-    lock = claim(out_dir)
+    lock = lock_run_dir(out_dir)  # two shells or machines sharing a study train each run once
     if lock is None:
         if run.existing != "continue":
             raise ConfigError(f"Another rope-lm process is running a task in {out_dir} right now. Give this run "
