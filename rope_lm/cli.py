@@ -105,18 +105,11 @@ class SweepSummary(Callback):
     def __init__(self):
         self.jobs: list[dict] = []
         self.path: str | None = None
-        self.earlier: dict = {}
         self.skipped = 0
         self.printed = False
 
     def on_multirun_start(self, config, **kwargs):
         self.path = os.path.join(config.hydra.sweep.dir, "jobs.json")
-        # A study continued in another sitting (existing=continue) adds to the record of the earlier ones.
-        try:
-            with open(self.path) as f:
-                self.earlier = {j["output_dir"]: j for j in json.load(f)}
-        except (OSError, ValueError, KeyError, TypeError):
-            self.earlier = {}
         # Hydra re-raises the first failure after the last job, which skips
         # on_multirun_end; exit handlers still run.
         atexit.register(self.print_summary)
@@ -130,28 +123,40 @@ class SweepSummary(Callback):
         error = job_return._return_value if failed else None
         returned = None if failed else job_return._return_value
         skipped = returned.get("skipped") if isinstance(returned, dict) else None
-        out = config.hydra.runtime.output_dir
         self.skipped += bool(skipped)
-        if skipped and out in self.earlier:
-            job = self.earlier[out]  # complete, or running elsewhere: its record stays as that sitting wrote it
-        else:
-            job = {"num": config.hydra.job.num, "status": "failed" if failed else "skipped" if skipped else "completed",
-                   "overrides": list(job_return.overrides or []), "output_dir": out,
-                   "error": str(error) if error is not None else None}
-            if skipped:
-                job["reason"] = skipped
+        job = {"num": config.hydra.job.num, "status": "failed" if failed else "skipped" if skipped else "completed",
+               "overrides": list(job_return.overrides or []), "output_dir": config.hydra.runtime.output_dir,
+               "error": str(error) if error is not None else None}
+        if skipped:
+            job["reason"] = skipped
         self._record(job)
 
+    def _read(self) -> dict:
+        try:
+            with open(self.path) as f:
+                return {j["output_dir"]: j for j in json.load(f)}
+        except (OSError, ValueError, KeyError, TypeError):
+            return {}
+
     def _record(self, job: dict, keep_overrides: bool = False):
-        if keep_overrides and job["output_dir"] in self.earlier:
-            job["overrides"] = self.earlier[job["output_dir"]].get("overrides", [])
-        self.jobs.append(job)
-        merged = {**self.earlier, **{j["output_dir"]: j for j in self.jobs}}
+        from filelock import FileLock
+
         os.makedirs(os.path.dirname(self.path), exist_ok=True)
-        tmp = self.path + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump(sorted(merged.values(), key=lambda j: (j["num"], j["output_dir"])), f, indent=1)
-        os.replace(tmp, self.path)
+        # A study is finished over several sittings, or by two processes at once, into one folder
+        # (existing=continue): each write merges with what the file holds now, and a skipped job (complete,
+        # or running in another process) keeps the record of the sitting that ran it.
+        with FileLock(self.path + ".lock"):
+            merged = self._read()
+            if keep_overrides and job["output_dir"] in merged:
+                job["overrides"] = merged[job["output_dir"]].get("overrides", [])
+            self.jobs.append(job)
+            for j in self.jobs:
+                if j["status"] != "skipped" or j["output_dir"] not in merged:
+                    merged[j["output_dir"]] = j
+            tmp = self.path + ".tmp"
+            with open(tmp, "w") as f:
+                json.dump(sorted(merged.values(), key=lambda j: (j["num"], j["output_dir"])), f, indent=1)
+            os.replace(tmp, self.path)
 
     def on_multirun_end(self, config, **kwargs):
         self.print_summary()

@@ -171,3 +171,34 @@ def test_a_sweep_stopped_by_sigterm_says_so_and_the_same_command_finishes_it(tin
     again = subprocess.run(sweep_cmd(tiny_data_options, sweep), cwd=ROOT, capture_output=True, text=True)
     assert again.returncode == 0, again.stderr[-3000:]
     assert jobs(sweep) == [("0_rope_none_L16", "completed"), ("1_alibi_none_L16", "completed")]
+
+
+def test_two_processes_finishing_one_sweep_keep_each_others_records_in_jobs_json(tmp_path):
+    """Each process skips the run the other one trains; the record must end with
+    both runs completed, whichever process writes last."""
+    from hydra.core.utils import JobReturn, JobStatus
+    from omegaconf import OmegaConf
+
+    from rope_lm.cli import SweepSummary
+
+    def ended(summary, num, name, skipped=None):
+        config = OmegaConf.create({"hydra": {"job": {"num": num},
+                                             "runtime": {"output_dir": str(tmp_path / name)}}})
+        ret = JobReturn(overrides=[f"pos={name}"], status=JobStatus.COMPLETED,
+                        _return_value={"skipped": skipped} if skipped else {"ppl": 1.0})
+        summary.on_job_end(config, ret)
+
+    a, b = SweepSummary(), SweepSummary()
+    sweep = OmegaConf.create({"hydra": {"sweep": {"dir": str(tmp_path)}}})
+    a.on_multirun_start(sweep)
+    b.on_multirun_start(sweep)
+    ended(b, 0, "rope", skipped="another process is running it")
+    ended(a, 0, "rope")
+    ended(b, 1, "alibi")
+    ended(a, 1, "alibi", skipped="another process is running it")
+    ended(b, 2, "t5", skipped="another process is running it")  # t5 is still running in a third process
+    with open(tmp_path / "jobs.json") as f:
+        record = [(os.path.basename(j["output_dir"]), j["status"], j.get("reason")) for j in json.load(f)]
+    assert record == [("rope", "completed", None), ("alibi", "completed", None),
+                      ("t5", "skipped", "another process is running it")]
+    a.printed = b.printed = True  # no summary at the test process's exit
