@@ -144,14 +144,14 @@ class SweepSummary(Callback):
         os.makedirs(os.path.dirname(self.path), exist_ok=True)
         # A study is finished over several sittings, or by two processes at once, into one folder
         # (existing=continue): each write merges with what the file holds now, and a skipped job (complete,
-        # or running in another process) keeps the record of the sitting that ran it.
+        # or running in another process) keeps the record of the sitting that ran it; a skip replaces only a skip.
         with FileLock(self.path + ".lock"):
             merged = self._read()
             if keep_overrides and job["output_dir"] in merged:
                 job["overrides"] = merged[job["output_dir"]].get("overrides", [])
             self.jobs.append(job)
             for j in self.jobs:
-                if j["status"] != "skipped" or j["output_dir"] not in merged:
+                if j["status"] != "skipped" or merged.get(j["output_dir"], j)["status"] == "skipped":
                     merged[j["output_dir"]] = j
             tmp = self.path + ".tmp"
             with open(tmp, "w") as f:

@@ -201,4 +201,13 @@ def test_two_processes_finishing_one_sweep_keep_each_others_records_in_jobs_json
         record = [(os.path.basename(j["output_dir"]), j["status"], j.get("reason")) for j in json.load(f)]
     assert record == [("rope", "completed", None), ("alibi", "completed", None),
                       ("t5", "skipped", "another process is running it")]
-    a.printed = b.printed = True  # no summary at the test process's exit
+    # The third process was stopped without a record of its own; a later sitting's skip tells what is true now.
+    c = SweepSummary()
+    c.on_multirun_start(sweep)
+    ended(c, 0, "rope", skipped="its results are complete")
+    ended(c, 2, "t5", skipped="its results are complete")
+    with open(tmp_path / "jobs.json") as f:
+        record = [(os.path.basename(j["output_dir"]), j["status"], j.get("reason")) for j in json.load(f)]
+    assert record == [("rope", "completed", None), ("alibi", "completed", None),
+                      ("t5", "skipped", "its results are complete")]
+    a.printed = b.printed = c.printed = True  # no summary at the test process's exit
