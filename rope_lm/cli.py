@@ -143,16 +143,16 @@ class SweepSummary(Callback):
 
         os.makedirs(os.path.dirname(self.path), exist_ok=True)
         # A study is finished over several sittings, or by two processes at once, into one folder
-        # (existing=continue): each write merges with what the file holds now, and a skipped job (complete,
-        # or running in another process) keeps the record of the sitting that ran it; a skip replaces only a skip.
+        # (existing=continue): each write adds this one job to what the file holds now, so no process writes
+        # back another's stale state; a skip (complete, or running elsewhere) never replaces a completed job.
+        self.jobs.append(job)
         with FileLock(self.path + ".lock"):
             merged = self._read()
-            if keep_overrides and job["output_dir"] in merged:
-                job["overrides"] = merged[job["output_dir"]].get("overrides", [])
-            self.jobs.append(job)
-            for j in self.jobs:
-                if j["status"] != "skipped" or merged.get(j["output_dir"], j)["status"] == "skipped":
-                    merged[j["output_dir"]] = j
+            before = merged.get(job["output_dir"])
+            if keep_overrides and before:
+                job["overrides"] = before.get("overrides", [])
+            if not (job["status"] == "skipped" and before and before["status"] == "completed"):
+                merged[job["output_dir"]] = job
             tmp = self.path + ".tmp"
             with open(tmp, "w") as f:
                 json.dump(sorted(merged.values(), key=lambda j: (j["num"], j["output_dir"])), f, indent=1)

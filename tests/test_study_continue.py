@@ -201,13 +201,18 @@ def test_two_processes_finishing_one_sweep_keep_each_others_records_in_jobs_json
         record = [(os.path.basename(j["output_dir"]), j["status"], j.get("reason")) for j in json.load(f)]
     assert record == [("rope", "completed", None), ("alibi", "completed", None),
                       ("t5", "skipped", "another process is running it")]
-    # The third process was stopped without a record of its own; a later sitting's skip tells what is true now.
+    # An earlier sitting was stopped by a signal in a fourth run (what print_summary records then).
+    a._record({"num": 3, "status": "interrupted", "overrides": [], "output_dir": str(tmp_path / "kerple"),
+               "error": "stopped by a signal"}, keep_overrides=True)
+    # The third process and the interrupted run ended without a record of their own (finished elsewhere);
+    # a later sitting's skip tells what is true now, and leaves completed runs as they were.
     c = SweepSummary()
     c.on_multirun_start(sweep)
     ended(c, 0, "rope", skipped="its results are complete")
     ended(c, 2, "t5", skipped="its results are complete")
+    ended(c, 3, "kerple", skipped="its results are complete")
     with open(tmp_path / "jobs.json") as f:
         record = [(os.path.basename(j["output_dir"]), j["status"], j.get("reason")) for j in json.load(f)]
     assert record == [("rope", "completed", None), ("alibi", "completed", None),
-                      ("t5", "skipped", "its results are complete")]
+                      ("t5", "skipped", "its results are complete"), ("kerple", "skipped", "its results are complete")]
     a.printed = b.printed = c.printed = True  # no summary at the test process's exit
