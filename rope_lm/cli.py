@@ -141,6 +141,8 @@ class SweepSummary(Callback):
     def _record(self, job: dict, keep_overrides: bool = False):
         from filelock import FileLock
 
+        from rope_lm.report import atomic_write
+
         os.makedirs(os.path.dirname(self.path), exist_ok=True)
         # A study is finished over several sittings, or by two processes at once, into one folder
         # (existing=continue): each write adds this one job to what the file holds now, so no process writes
@@ -153,10 +155,8 @@ class SweepSummary(Callback):
                 job["overrides"] = before.get("overrides", [])
             if not (job["status"] == "skipped" and before and before["status"] == "completed"):
                 merged[job["output_dir"]] = job
-            tmp = self.path + ".tmp"
-            with open(tmp, "w") as f:
-                json.dump(sorted(merged.values(), key=lambda j: (j["num"], j["output_dir"])), f, indent=1)
-            os.replace(tmp, self.path)
+            atomic_write(self.path, json.dumps(sorted(merged.values(), key=lambda j: (j["num"], j["output_dir"])),
+                                               indent=1))
 
     def on_multirun_end(self, config, **kwargs):
         self.print_summary()
