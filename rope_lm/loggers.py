@@ -12,6 +12,7 @@ import logging
 import os
 
 from rope_lm.errors import ConfigError
+from rope_lm.scaling import method_label
 
 log = logging.getLogger("rope_lm")
 LOGGERS = ("wandb", "csv", "none")
@@ -36,7 +37,7 @@ def run_tags(config: dict | None, extra=()) -> list[str]:
         pos, data = config.get("pos") or {}, config.get("data") or {}
         if pos.get("name"):
             tags.append(f"scheme:{pos['name']}")
-        tags.append(f"method:{_method_label(config.get('scaling'))}")
+        tags.append(f"method:{method_label(config.get('scaling'))}")
         if data.get("seq_len"):
             tags.append(f"train_len:{data['seq_len']}")
         if data.get("name"):
@@ -45,16 +46,6 @@ def run_tags(config: dict | None, extra=()) -> list[str]:
             tags.append("finetune")
     # wandb refuses tags longer than 64 characters
     return list(dict.fromkeys(str(t)[:64] for t in [*tags, *extra]))
-
-
-def _method_label(options: dict | None) -> str:
-    try:
-        from rope_lm.scaling import build_scaling
-
-        method = build_scaling(options)
-        return getattr(method, "label", method.name)
-    except ConfigError:  # an invalid method is reported by the pipeline's own checks, with context
-        return str((options or {}).get("name", "none"))
 
 
 def sweep_group(out_dir: str, sweep_dir: str | None = None) -> str | None:

@@ -27,15 +27,9 @@ from rope_lm.lit import LitLM, ProgressLog, TokensPerSecond
 from rope_lm.model import check_fit
 from rope_lm.report import RESULTS_JSON, atomic_write, log_to_wandb, new_results, write_json, write_views
 from rope_lm.run_settings import BOOKKEEPING, settings_differences
-from rope_lm.scaling import METHODS
+from rope_lm.scaling import METHODS, method_label
 
 log = logging.getLogger("rope_lm")
-
-def method_label(options: dict | None) -> str:
-    from rope_lm.scaling import build_scaling
-
-    return getattr(build_scaling(options), "label", (options or {}).get("name", "none"))
-
 
 def check_writable(out_dir: str):
     try:

@@ -5,42 +5,12 @@ import json
 import math
 import os
 import subprocess
-import tempfile
 
-from rope_lm.errors import write_failure
+from rope_lm.files import atomic_write, write_json
 
 RESULTS_JSON = "results.json"
 RESULTS_MD = "results.md"
 RESULTS_PNG = "ppl_vs_length.png"
-
-
-def atomic_write(path: str, data: str | bytes):
-    """Write via a temporary file and a rename, so a kill mid-write leaves the
-    previous version intact, never a truncated file."""
-    d = os.path.dirname(os.path.abspath(path))
-    tmp = None
-    try:
-        os.makedirs(d, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-" + os.path.basename(path))
-        # mkstemp makes the file private (0600); results should be as readable as any file the user writes.
-        umask = os.umask(0)
-        os.umask(umask)
-        os.fchmod(fd, 0o666 & ~umask)
-        with os.fdopen(fd, "wb") as f:
-            f.write(data.encode() if isinstance(data, str) else data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except OSError as e:
-        kept = f"The previous {os.path.basename(path)} is untouched. " if os.path.exists(path) else ""
-        raise write_failure(path, e, kept) from None
-    finally:
-        if tmp and os.path.exists(tmp):
-            os.unlink(tmp)
-
-
-def write_json(path: str, obj):
-    atomic_write(path, json.dumps(obj, indent=1, default=str))
 
 
 def git_commit() -> str | None:

@@ -346,7 +346,8 @@ def finished(run: TaskRun, out_dir: str) -> bool:
 
 def run_task(run: TaskRun, out_dir: str, logger=None) -> dict:
     """Train, test, write task_results.json/.md/.png (and model.pt) to out_dir."""
-    from rope_lm.pipeline import check_writable, method_label
+    from rope_lm.pipeline import check_writable
+    from rope_lm.scaling import method_label
 
     check_writable(out_dir)
     device = _device(run.device)

@@ -84,7 +84,7 @@ def scaling_methods(names: list[str], opts: dict) -> list[dict]:
                 )
         for m in targets:
             m[key] = value
-    from rope_lm.pipeline import method_label
+    from rope_lm.scaling import method_label
 
     labels = [method_label(m) for m in methods]
     twice = sorted({label for label in labels if labels.count(label) > 1})

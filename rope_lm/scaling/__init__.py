@@ -27,8 +27,18 @@ def build_scaling(options: dict | None) -> ScalingMethod:
         ) from None
 
 
+def method_label(options: dict | None) -> str:
+    """The one name of a method with its settings (e.g. "yarn-x4"), as results,
+    run names, tags and comparison rows show it. Options that do not build (a
+    setting refused later, with context, by the run's own checks) keep their name."""
+    try:
+        return build_scaling(options).label
+    except ConfigError:
+        return str((options or {}).get("name", "none"))
+
+
 def methods_for(scheme) -> list[str]:
     return [n for n in METHODS.names() if METHODS.get(n).applies(scheme)]
 
 
-__all__ = ["METHODS", "ScalingMethod", "build_scaling", "methods_for"]
+__all__ = ["METHODS", "ScalingMethod", "build_scaling", "method_label", "methods_for"]

@@ -1,0 +1,67 @@
+"""File chores every writer shares: a write that a kill cannot truncate, a
+JSON record, a figure, and a new folder name that never reuses an old one."""
+
+import io
+import json
+import os
+import tempfile
+
+from rope_lm.errors import write_failure
+
+
+def atomic_write(path: str, data: str | bytes):
+    """Write via a temporary file and a rename, so a kill mid-write leaves the
+    previous version intact, never a truncated file."""
+    d = os.path.dirname(os.path.abspath(path))
+    tmp = None
+    try:
+        os.makedirs(d, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-" + os.path.basename(path))
+        # mkstemp makes the file private (0600); results should be as readable as any file the user writes.
+        umask = os.umask(0)
+        os.umask(umask)
+        os.fchmod(fd, 0o666 & ~umask)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data.encode() if isinstance(data, str) else data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as e:
+        kept = f"The previous {os.path.basename(path)} is untouched. " if os.path.exists(path) else ""
+        raise write_failure(path, e, kept) from None
+    finally:
+        if tmp and os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def write_json(path: str, obj):
+    atomic_write(path, json.dumps(obj, indent=1, default=str))
+
+
+def save_figure(fig, path: str, palette: bool = False):
+    """Write a matplotlib figure as PNG atomically. With palette, as 256
+    colours: line plots use a few dozen, and the file is a third of the size,
+    small enough to commit next to a results page."""
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
+    if palette:
+        from PIL import Image
+
+        buf.seek(0)
+        with Image.open(buf) as im:
+            small = im.convert("RGB").quantize(colors=256, method=Image.Quantize.MEDIANCUT)
+        buf = io.BytesIO()
+        small.save(buf, format="png", optimize=True)
+    atomic_write(path, buf.getvalue())
+
+
+def fresh_dir(path: str) -> str:
+    """path, or path-2, path-3, ...: the first name not taken yet, so a
+    default output folder never lands in an earlier result's. The caller
+    creates it only once its inputs are checked (no empty folder left behind
+    by a refused run)."""
+    candidate, n = path, 1
+    while os.path.exists(candidate):
+        n += 1
+        candidate = f"{path}-{n}"
+    return candidate
