@@ -22,31 +22,33 @@ from rope_lm.cli import hydra_task, register_resolvers, user_errors
 @hydra_task
 def main(cfg):
     from rope_lm.config import resolve_run
+    from rope_lm.errors import Interrupted, RopeLMError
     from rope_lm.loggers import build_logger, finish
-    from rope_lm.errors import RopeLMError
-    from rope_lm.pipeline import continue_run, mark_failed, start_run, train_and_evaluate
+    from rope_lm.pipeline import claim_train, train_and_evaluate
     from rope_lm.report import RESULTS_MD
+    from rope_lm.run_folder import Skip, describe, record_failure
 
     config = OmegaConf.to_container(cfg, resolve=True)
     hc = HydraConfig.get()
     out_dir = hc.runtime.output_dir
+    where = os.path.relpath(out_dir, hc.runtime.cwd)
+    folder = None
     try:
         run = resolve_run(config)  # every setting checked once, before any work
-        if run.existing == "continue" and not run.ckpt_path:  # resume= names its checkpoint itself
-            run, what = continue_run(run, out_dir)
-            print(f"rope-lm: {os.path.relpath(out_dir, hc.runtime.cwd)}: {what}"
-                  f"{'' if run else '; skipped'} (existing=continue).", file=sys.stderr)
-            if run is None:
-                return {"skipped": what}
-        start_run(run, out_dir)  # the folder is this run's (or its resume's) before anything is written there
-        run_name = run.run_name or os.path.relpath(out_dir, hc.runtime.cwd)
-        logger = build_logger(run.logger, out_dir, run_name, config=config)
+        folder, start = claim_train(run, out_dir)  # the folder is this run's before anything is written there
+        if run.existing == "continue":
+            print(f"rope-lm: {where}: {describe(start)} (existing=continue).", file=sys.stderr)
+        if isinstance(start, Skip):
+            return {"skipped": start.reason}
+        logger = build_logger(run.logger, out_dir, run.run_name or where, config=config)
         try:
-            train_and_evaluate(run, out_dir, logger)
+            train_and_evaluate(run, out_dir, logger, claimed=(folder, start))
         finally:
             finish(logger)
+    except Interrupted:
+        raise  # what was kept, and how to finish, is the message; the folder says "evaluating"
     except RopeLMError as e:
-        mark_failed(out_dir, config, e)
+        record_failure(out_dir, config, e, folder)
         raise
     md = os.path.join(out_dir, RESULTS_MD)
     if os.path.exists(md):
@@ -61,7 +63,7 @@ def resume_args(argv: list[str]) -> list[str]:
     if not runs:
         return argv
     run = os.path.abspath(runs[-1])
-    from rope_lm.pipeline import RUN_CONFIG
+    from rope_lm.run_folder import RUN_CONFIG
 
     saved = os.path.join(run, RUN_CONFIG)
     if not os.path.isfile(saved):  # a run stopped before its end, or one from an older version

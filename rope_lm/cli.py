@@ -19,7 +19,8 @@ from hydra.errors import CompactHydraException
 from hydra.experimental.callback import Callback
 from omegaconf import OmegaConf
 
-from rope_lm.errors import ConfigError, RopeLMError
+from rope_lm.errors import ConfigError, Interrupted, RopeLMError
+from rope_lm.run_folder import Status, check_writable
 
 
 _RUN_ID = secrets.token_hex(3)
@@ -42,7 +43,7 @@ def paragraph(e: RopeLMError) -> str:
 
 
 def exit_status(e: RopeLMError) -> int:
-    return 2 if isinstance(e, ConfigError) else 1
+    return 2 if isinstance(e, ConfigError) else getattr(e, "exit_status", 1)
 
 
 @contextlib.contextmanager
@@ -77,24 +78,40 @@ def hydra_task(fn):
     def task(cfg):
         try:
             return fn(cfg)
+        except Interrupted as e:  # a stop during an evaluation: what was kept, then the sweep ends as on SIGTERM
+            print("\n" + paragraph(e), file=sys.stderr)
+            _note_interrupted()
+            raise SystemExit(exit_status(e)) from None
         except RopeLMError as e:
             if _multirun():
                 raise JobFailed(paragraph(e)) from None
             print("\n" + paragraph(e), file=sys.stderr)
             sys.exit(exit_status(e))
         except (SystemExit, KeyboardInterrupt):
-            # SIGTERM or Ctrl-C ends the whole sweep; Hydra never reports this job's end, so the
-            # sweep summary learns of it here.
-            if _multirun():
-                from hydra.core.hydra_config import HydraConfig
-
-                INTERRUPTED.append((HydraConfig.get().job.num, HydraConfig.get().runtime.output_dir))
+            _note_interrupted()
             raise
 
     return task
 
 
+def _note_interrupted() -> None:
+    # SIGTERM or Ctrl-C ends the whole sweep; Hydra never reports this job's end, so the
+    # sweep summary learns of it here.
+    if _multirun():
+        from hydra.core.hydra_config import HydraConfig
+
+        INTERRUPTED.append((HydraConfig.get().job.num, HydraConfig.get().runtime.output_dir))
+
+
 INTERRUPTED: list = []  # (job number, output folder) of a sweep job stopped by a signal
+
+
+def _check_folder(path: str, setting: str) -> None:
+    try:
+        check_writable(path, setting)
+    except ConfigError as e:
+        print("\n" + paragraph(e), file=sys.stderr)
+        sys.exit(exit_status(e))
 
 
 class SweepSummary(Callback):
@@ -108,7 +125,13 @@ class SweepSummary(Callback):
         self.skipped = 0
         self.printed = False
 
+    def on_run_start(self, config, **kwargs):
+        # Hydra makes the run folder before the job starts: a read-only place is reported here, in
+        # one paragraph, instead of as Hydra's traceback.
+        _check_folder(config.hydra.run.dir, "hydra.run.dir")
+
     def on_multirun_start(self, config, **kwargs):
+        _check_folder(config.hydra.sweep.dir, "hydra.sweep.dir")
         self.path = os.path.join(config.hydra.sweep.dir, "jobs.json")
         # Hydra re-raises the first failure after the last job, which skips
         # on_multirun_end; exit handlers still run.
@@ -124,7 +147,8 @@ class SweepSummary(Callback):
         returned = None if failed else job_return._return_value
         skipped = returned.get("skipped") if isinstance(returned, dict) else None
         self.skipped += bool(skipped)
-        job = {"num": config.hydra.job.num, "status": "failed" if failed else "skipped" if skipped else "completed",
+        status = Status.FAILED if failed else Status.SKIPPED if skipped else Status.COMPLETE
+        job = {"num": config.hydra.job.num, "status": status,
                "overrides": list(job_return.overrides or []), "output_dir": config.hydra.runtime.output_dir,
                "error": str(error) if error is not None else None}
         if skipped:
@@ -153,7 +177,7 @@ class SweepSummary(Callback):
             before = merged.get(job["output_dir"])
             if keep_overrides and before:
                 job["overrides"] = before.get("overrides", [])
-            if not (job["status"] == "skipped" and before and before["status"] == "completed"):
+            if not (job["status"] == Status.SKIPPED and before and Status.read(before["status"]) == Status.COMPLETE):
                 merged[job["output_dir"]] = job
             atomic_write(self.path, json.dumps(sorted(merged.values(), key=lambda j: (j["num"], j["output_dir"])),
                                                indent=1))
@@ -167,13 +191,13 @@ class SweepSummary(Callback):
         self.printed = True
         if INTERRUPTED:
             num, out, ended = *INTERRUPTED[-1], len(self.jobs)
-            self._record({"num": num, "status": "interrupted", "overrides": [], "output_dir": out,
+            self._record({"num": num, "status": Status.INTERRUPTED, "overrides": [], "output_dir": out,
                           "error": "stopped by a signal (SIGTERM or Ctrl-C)"}, keep_overrides=True)
             print(f"\nrope-lm sweep: interrupted at job {num} ({out}) after {ended} job(s) ended; the "
                   f"jobs after it did not run. Run the same command again with hydra.sweep.dir={os.path.dirname(out)} "
                   f"to continue (existing=continue in the study presets; {self.path}).", file=sys.stderr)
             return
-        failed = [j for j in self.jobs if j["status"] == "failed"]
+        failed = [j for j in self.jobs if j["status"] == Status.FAILED]
         skipped = f", {self.skipped} of them skipped (existing=continue)" if self.skipped else ""
         if not failed:
             print(f"\nrope-lm sweep: all {len(self.jobs)} jobs completed{skipped} ({self.path}).", file=sys.stderr)

@@ -54,7 +54,7 @@ class TrainerConfig:
 
 
 # refuse: a folder that holds another run's files is never written to. continue: a study run
-# again with the same command finishes what is missing (rope_lm.pipeline.continue_run).
+# again with the same command finishes what is missing (rope_lm.run_folder.RunFolder.claim).
 EXISTING = ("refuse", "continue")
 
 

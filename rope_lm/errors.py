@@ -44,3 +44,10 @@ def write_failure(path: str, error: BaseException, kept: str = "") -> OutputErro
         fix = "check the disk and the folder"
     return OutputError(f"Could not write {path}: {cause}. {kept}Then {fix}, and resume the run "
                        f"(python train.py resume=<run dir>).".replace("  ", " "))
+
+
+class Interrupted(RopeLMError):
+    """A run stopped by SIGTERM or Ctrl-C after saying what it kept and how
+    to finish; its exit status is the shell's for a SIGTERM."""
+
+    exit_status = 143

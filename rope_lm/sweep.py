@@ -6,6 +6,7 @@ import json
 import os
 
 from rope_lm.report import RESULTS_JSON
+from rope_lm.run_folder import RunFolder, Status
 
 SKIP_DIRS = {"checkpoints", "wandb", "csv", "compare", "eval", "diagnostics", ".hydra", "__pycache__"}
 
@@ -29,37 +30,12 @@ def _failures(root: str) -> dict:
             jobs = json.load(f)
     except (OSError, ValueError):
         return {}
-    return {os.path.abspath(j["output_dir"]): j.get("error") for j in jobs if j.get("status") == "failed"}
+    return {os.path.abspath(j["output_dir"]): j.get("error") for j in jobs if Status.read(j.get("status")) == Status.FAILED}
 
 
 def job_state(run_dir: str, failures: dict | None = None) -> dict:
-    """{'dir', 'state', 'detail'}: state is complete, failed, interrupted,
-    evaluating (some lengths missing) or no results."""
-    path = os.path.join(run_dir, RESULTS_JSON)
-    failures = failures or {}
-    if not os.path.exists(path):
-        error = failures.get(os.path.abspath(run_dir))
-        return {"dir": run_dir, "state": "failed" if error else "no results",
-                "detail": error or "the job stopped before writing results.json (killed, or crashed at start)"}
-    try:
-        with open(path) as f:
-            results = json.load(f)
-    except (OSError, ValueError) as e:
-        return {"dir": run_dir, "state": "no results", "detail": f"results.json is unreadable ({e})"}
-    status = results.get("status", "complete")
-    rows = results.get("results") or []
-    expected = (results.get("eval") or {}).get("lengths") or []
-    methods = max(1, len(results.get("methods") or {}))
-    if status == "failed":
-        return {"dir": run_dir, "state": "failed", "detail": results.get("error") or "failed"}
-    if status == "interrupted":
-        steps = (results.get("training") or {}).get("steps")
-        return {"dir": run_dir, "state": "interrupted", "detail": f"stopped at step {steps}; resume with "
-                f"python train.py resume={run_dir}"}
-    if status == "evaluating" or (expected and len(rows) < len(expected) * methods):
-        return {"dir": run_dir, "state": "evaluating",
-                "detail": f"{len(rows)} of {len(expected) * methods or '?'} lengths evaluated"}
-    return {"dir": run_dir, "state": "complete", "detail": f"{len(rows)} lengths evaluated"}
+    """{'dir', 'state': Status, 'detail'} of one train.py job's folder."""
+    return RunFolder(run_dir).state((failures or {}).get(os.path.abspath(run_dir)))
 
 
 def sweep_jobs(paths: list[str]) -> list[dict]:

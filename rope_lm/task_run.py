@@ -38,8 +38,9 @@ from rope_lm.errors import ConfigError
 from rope_lm.lit import OptimConfig, build_optimizer
 from rope_lm.model import ModelConfig, build_model, check_fit
 from rope_lm.positional import SCHEMES
-from rope_lm.report import atomic_write, write_json
-from rope_lm.run_settings import TASK_BOOKKEEPING, settings_differences
+from rope_lm.files import atomic_write, save_figure, write_json
+from rope_lm.run_folder import RunFolder, Status
+from rope_lm.run_settings import TASK_BOOKKEEPING
 from rope_lm.scaling import METHODS
 from rope_lm.tasks import TASKS, build_task
 
@@ -318,38 +319,19 @@ def score(sizes: Sizes, task, tests: dict, scored: dict, resamples: int, seed: i
     return {"buckets": rows, **pooled}
 
 
-def finished(run: TaskRun, out_dir: str) -> bool:
-    """Whether out_dir holds this run's complete results already: with
-    existing=continue it is skipped (a task run is short: one that stopped
-    part-way starts over); with refuse, a folder with results is refused."""
-    if run.existing == "refuse":
-        if os.path.exists(os.path.join(out_dir, TASK_JSON)):
-            raise ConfigError(f"{out_dir} already holds a task run's results ({TASK_JSON}); this run would overwrite "
-                              f"them, so it was not started. Leave hydra.run.dir at its default (unique per run), "
-                              f"or set existing=continue to skip a run whose results are complete.")
-        return False
-    try:
-        with open(os.path.join(out_dir, TASK_JSON)) as f:
-            done = json.load(f)
-    except (OSError, ValueError):
-        return False
-    if done.get("status") != "complete":
-        return False
-    differ = settings_differences(done.get("config") or {}, run.raw, TASK_BOOKKEEPING)
-    if differ:
-        shown = "; ".join(f"{key}: {a!r} there, {b!r} now" for key, a, b in differ[:4])
-        raise ConfigError(f"existing=continue: {out_dir} holds a task run with other settings ({shown}), so it is "
-                          f"neither skipped nor run again. Run the study's original command to finish it, or give "
-                          f"these settings their own folder (another hydra.sweep.dir).")
-    return True
+def claim(run: TaskRun, out_dir: str):
+    """(the task run's folder, what to do there: Start or Skip), the one
+    run-folder rule (run_folder.RunFolder.claim): a folder holding a task
+    run's results is refused, or with existing=continue skipped when they
+    are complete (a task run is short: one that stopped part-way starts over)."""
+    folder = RunFolder(out_dir, results=TASK_JSON, bookkeeping=TASK_BOOKKEEPING, checkpoints=False)
+    return folder, folder.claim(run.raw, run.existing, what="task")
 
 
 def run_task(run: TaskRun, out_dir: str, logger=None) -> dict:
     """Train, test, write task_results.json/.md/.png (and model.pt) to out_dir."""
-    from rope_lm.pipeline import check_writable
     from rope_lm.scaling import method_label
 
-    check_writable(out_dir)
     device = _device(run.device)
     if run.threads:
         torch.set_num_threads(run.threads)
@@ -376,7 +358,7 @@ def run_task(run: TaskRun, out_dir: str, logger=None) -> dict:
         "seconds": round(time.perf_counter() - t0, 2),
         "train_overlap": {str(s): n for s, n in overlaps.items() if n},
         **score(run.sizes, task, tests, scored, run.eval.bootstrap, run.seed, run.eval.examples),
-        "config": run.raw, "status": "complete",
+        "config": run.raw, "status": Status.COMPLETE,
     }
     write_json(os.path.join(out_dir, TASK_JSON), results)
     atomic_write(os.path.join(out_dir, TASK_MD), markdown(results))
@@ -440,9 +422,7 @@ def plot_accuracy(runs: list[dict], path: str, title: str | None = None):
                  fontsize=9)
     ax.legend(fontsize=7)
     fig.tight_layout()
-    tmp = path + ".tmp.png"
-    fig.savefig(tmp, dpi=110)
-    os.replace(tmp, path)
+    save_figure(fig, path)
     plt.close(fig)
 
 

@@ -101,7 +101,7 @@ def settings(rest: list[str]) -> dict:
 
 
 def main(argv: list[str]):
-    from rope_lm.pipeline import evaluate_checkpoint
+    from rope_lm.eval_run import evaluate_checkpoint
     from rope_lm.report import markdown_table
 
     with initialize(config_path="../conf", version_base="1.3", job_name=CONFIG):
@@ -115,7 +115,11 @@ def main(argv: list[str]):
             raise ConfigError("ckpt= (a .ckpt file or a run directory with checkpoints/last.ckpt) or hf= (a "
                               "transformers model folder or hub name) is required.")
         methods = scaling_methods(names, scaling)
-    results = evaluate_checkpoint(cfg["ckpt"], methods, cfg["eval"], data, cfg["out"], cfg["device"], hf=cfg["hf"])
+    if cfg["existing"] not in ("refuse", "continue"):
+        raise ConfigError(f"existing={cfg['existing']!r} is not an option; use refuse (an out= folder holding results "
+                          f"is refused) or continue (finish a part-way evaluation in out=).")
+    results = evaluate_checkpoint(cfg["ckpt"], methods, cfg["eval"], data, cfg["out"], cfg["device"], hf=cfg["hf"],
+                                  existing=cfg["existing"])
     print("\n" + markdown_table(results))
     print(f"Results: {results['out_dir']}/ (results.json, results.md, ppl_vs_length.png)")
 

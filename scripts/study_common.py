@@ -81,6 +81,7 @@ def evaluate(ckpt: str, methods: list[str], out: str, settings: list[str]):
     """A zero-shot evaluation step; a study run again skips it once its
     results are complete, and redoes it (deterministic) if they are not."""
     from rope_lm.report import RESULTS_JSON
+    from rope_lm.run_folder import Status
     from rope_lm.sweep import job_state
 
     results = os.path.join(out, RESULTS_JSON)
@@ -92,7 +93,7 @@ def evaluate(ckpt: str, methods: list[str], out: str, settings: list[str]):
         if sorted(done) != sorted(methods):
             raise ConfigError(f"{out} holds an evaluation of other methods ({', '.join(map(str, done))}, not "
                               f"{', '.join(methods)}); give this study its own out= folder.")
-        if job_state(out)["state"] == "complete":
+        if job_state(out)["state"] == Status.COMPLETE:
             print(f"\n=== zero-shot evaluation ({', '.join(methods)}): {out} is complete; skipped", flush=True)
             return
         os.remove(results)  # a part-way evaluation of this same step: measured again from the start

@@ -34,10 +34,9 @@ def summarize(sweep_dir: str):
 def main(cfg):
     from hydra.types import RunMode
 
-    from rope_lm.errors import ConfigError
     from rope_lm.loggers import build_logger, finish
-    from rope_lm.pipeline import lock_run_dir
-    from rope_lm.task_run import finished, markdown, resolve_task_run, run_task
+    from rope_lm.run_folder import Skip, check_writable, describe
+    from rope_lm.task_run import claim, markdown, resolve_task_run, run_task
 
     logging.basicConfig(level=logging.INFO, format="[%(name)s] %(message)s")
     config = OmegaConf.to_container(cfg, resolve=True)
@@ -49,19 +48,12 @@ def main(cfg):
         _SWEEPS.add(hc.sweep.dir)
         atexit.register(summarize, hc.sweep.dir)
     where = os.path.relpath(out_dir, hc.runtime.cwd)
-    lock = lock_run_dir(out_dir)  # two shells or machines sharing a study train each run once
-    if lock is None:
-        if run.existing != "continue":
-            raise ConfigError(f"Another rope-lm process is running a task in {out_dir} right now. Give this run "
-                              f"its own folder (leave hydra.run.dir at its default, unique per run), or set "
-                              f"existing=continue to skip a folder another process holds (a study shared by two "
-                              f"shells or machines).")
-        print(f"rope-lm: {where}: another process is running it; skipped (existing=continue).")
-        return {"skipped": "another process is running it"}
+    check_writable(out_dir)
+    folder, start = claim(run, out_dir)  # two shells or machines sharing a study train each run once
+    if isinstance(start, Skip):
+        print(f"rope-lm: {where}: {describe(start)} (existing=continue).")
+        return {"skipped": start.reason}
     try:
-        if finished(run, out_dir):
-            print(f"rope-lm: {where}: its results are complete; skipped (existing=continue).")
-            return {"skipped": "its results are complete"}
         logger = build_logger(run.logger, out_dir, run.run_name or where, config={**config, "data": {}})
         try:
             results = run_task(run, out_dir, logger)
@@ -70,7 +62,7 @@ def main(cfg):
                 logger.save()
             finish(logger)
     finally:
-        lock.release()
+        folder.release()
     print("\n" + markdown(results))
     print(f"Task results: {out_dir}/ (task_results.json, task_results.md, accuracy_vs_length.png, model.pt)")
 

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from rope_lm.errors import ConfigError
-from rope_lm.pipeline import load_init_from, train_and_evaluate
+from rope_lm.finetune import load_init_from
+from rope_lm.pipeline import train_and_evaluate
 
 
 def test_finetune_continues_from_the_checkpoint_at_a_longer_length(tiny_config, tmp_path):

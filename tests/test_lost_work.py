@@ -231,7 +231,7 @@ def test_one_bad_job_does_not_end_a_sweep(tiny_data_options, tmp_path):
     assert "rope-lm sweep: 1 of 2 jobs failed" in text
     assert "job 0 [" in text and "model.d_model=33 is not divisible by model.n_head=2" in text
     jobs = json.load(open(sweep / "jobs.json"))
-    assert [j["status"] for j in jobs] == ["failed", "completed"]
+    assert [j["status"] for j in jobs] == ["failed", "complete"]
     assert results(jobs[1]["output_dir"])["status"] == "complete"  # the job after the failure ran
     assert results(jobs[0]["output_dir"])["status"] == "failed"
     compared = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "compare.py"), f"path={sweep}"], cwd=ROOT,

@@ -14,7 +14,8 @@ from filelock import FileLock
 
 from rope_lm.config import resolve_run
 from rope_lm.errors import ConfigError
-from rope_lm.pipeline import RUN_CONFIG, continue_run
+from rope_lm.pipeline import claim_train
+from rope_lm.run_folder import RUN_CONFIG, Skip, Start, describe
 from tests.conftest import ROOT, cli_overrides
 
 STEPS = 60
@@ -72,7 +73,7 @@ def test_a_study_in_sittings_ends_like_one_uninterrupted_run(tiny_data_options, 
     assert "evaluating its final checkpoint" in again.stderr and "resuming from step" in again.stderr
     for name in names:
         assert rows(os.path.join(parts, name)) == rows(os.path.join(whole, name))
-    assert jobs(parts) == jobs(whole) == [(names[0], "completed"), (names[1], "completed")]
+    assert jobs(parts) == jobs(whole) == [(names[0], "complete"), (names[1], "complete")]
 
     # Sitting 3: nothing left; nothing is touched.
     stamps = {n: os.path.getmtime(os.path.join(parts, n, "results.json")) for n in names}
@@ -100,7 +101,7 @@ def test_continue_refuses_a_folder_with_other_settings(tiny_data_options, tmp_pa
 
     (tmp_path / RUN_CONFIG).write_text(yaml.safe_dump({**run.raw, "trainer": {**run.raw["trainer"], "max_steps": 20}}))
     with pytest.raises(ConfigError, match=r"other settings \(trainer.max_steps: 20 there, 10 now\)"):
-        continue_run(run, str(tmp_path))
+        claim_train(run, str(tmp_path))
 
 
 def test_continue_takes_a_folder_whose_run_differs_only_in_bookkeeping(tiny_data_options, tmp_path):
@@ -111,25 +112,25 @@ def test_continue_takes_a_folder_whose_run_differs_only_in_bookkeeping(tiny_data
     saved = {**run.raw, "data": {**run.raw["data"], "cache_dir": "/elsewhere/cache", "num_proc": 8},
              "trainer": {**run.raw["trainer"], "val_every_n_steps": 7, "ckpt_every_n_steps": 3}}
     (tmp_path / RUN_CONFIG).write_text(yaml.safe_dump(saved))
-    assert continue_run(run, str(tmp_path))[1] == "starting"
+    assert describe(claim_train(run, str(tmp_path))[1]) == "starting"
     saved["data"]["seq_len"] = run.raw["data"]["seq_len"] * 2  # but not a setting that changes the model
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / RUN_CONFIG).write_text(yaml.safe_dump(saved))
     with pytest.raises(ConfigError, match=r"other settings \(data.seq_len: "):
-        continue_run(run, str(tmp_path / "other"))
+        claim_train(run, str(tmp_path / "other"))
 
 
 def test_continue_skips_a_folder_another_process_holds(tiny_data_options, tmp_path):
     run = settings(tiny_data_options, **{"existing": "continue"})
     with FileLock(str(tmp_path / ".run.lock")):
-        assert continue_run(run, str(tmp_path)) == (None, "another process is running it")
+        assert claim_train(run, str(tmp_path))[1] == Skip("another process is running it")
 
 
 def test_continue_starts_a_run_that_stopped_before_its_first_checkpoint(tiny_data_options, tmp_path):
     run = settings(tiny_data_options, **{"existing": "continue"})
     (tmp_path / "results.json").write_text(json.dumps({"status": "failed", "error": "killed", "results": []}))
-    started, what = continue_run(run, str(tmp_path))
-    assert what == "starting" and started.ckpt_path is None
+    start = claim_train(run, str(tmp_path))[1]
+    assert start == Start(None) and describe(start) == "starting"
     assert not (tmp_path / "results.json").exists() and (tmp_path / RUN_CONFIG).exists()
 
 
@@ -170,7 +171,7 @@ def test_a_sweep_stopped_by_sigterm_says_so_and_the_same_command_finishes_it(tin
     assert jobs(sweep) == [("0_rope_none_L16", "interrupted")]
     again = subprocess.run(sweep_cmd(tiny_data_options, sweep), cwd=ROOT, capture_output=True, text=True)
     assert again.returncode == 0, again.stderr[-3000:]
-    assert jobs(sweep) == [("0_rope_none_L16", "completed"), ("1_alibi_none_L16", "completed")]
+    assert jobs(sweep) == [("0_rope_none_L16", "complete"), ("1_alibi_none_L16", "complete")]
 
 
 def test_two_processes_finishing_one_sweep_keep_each_others_records_in_jobs_json(tmp_path):
@@ -199,7 +200,7 @@ def test_two_processes_finishing_one_sweep_keep_each_others_records_in_jobs_json
     ended(b, 2, "t5", skipped="another process is running it")  # t5 is still running in a third process
     with open(tmp_path / "jobs.json") as f:
         record = [(os.path.basename(j["output_dir"]), j["status"], j.get("reason")) for j in json.load(f)]
-    assert record == [("rope", "completed", None), ("alibi", "completed", None),
+    assert record == [("rope", "complete", None), ("alibi", "complete", None),
                       ("t5", "skipped", "another process is running it")]
     # An earlier sitting was stopped by a signal in a fourth run (what print_summary records then).
     a._record({"num": 3, "status": "interrupted", "overrides": [], "output_dir": str(tmp_path / "kerple"),
@@ -213,6 +214,6 @@ def test_two_processes_finishing_one_sweep_keep_each_others_records_in_jobs_json
     ended(c, 3, "kerple", skipped="its results are complete")
     with open(tmp_path / "jobs.json") as f:
         record = [(os.path.basename(j["output_dir"]), j["status"], j.get("reason")) for j in json.load(f)]
-    assert record == [("rope", "completed", None), ("alibi", "completed", None),
+    assert record == [("rope", "complete", None), ("alibi", "complete", None),
                       ("t5", "skipped", "its results are complete"), ("kerple", "skipped", "its results are complete")]
     a.printed = b.printed = c.printed = True  # no summary at the test process's exit
