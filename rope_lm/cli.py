@@ -43,7 +43,7 @@ def paragraph(e: RopeLMError) -> str:
 
 
 def exit_status(e: RopeLMError) -> int:
-    return 2 if isinstance(e, ConfigError) else getattr(e, "exit_status", 1)
+    return getattr(e, "exit_status", 2 if isinstance(e, ConfigError) else 1)
 
 
 @contextlib.contextmanager
@@ -114,6 +114,17 @@ def _check_folder(path: str, setting: str) -> None:
         sys.exit(exit_status(e))
 
 
+def _check_cache_folder(config) -> None:
+    """data.cache_dir too, where the app has one: a refusal there after Hydra made the run folder would
+    leave a half-made run behind."""
+    try:
+        cache_dir = OmegaConf.select(config, "data.cache_dir")
+    except Exception:  # an interpolation this app cannot resolve yet: the run's own checks report it
+        return
+    if cache_dir:
+        _check_folder(cache_dir, "data.cache_dir")
+
+
 class SweepSummary(Callback):
     """Records every job of a multirun in <sweep dir>/jobs.json as it ends
     (status, overrides, output folder, error) and prints which jobs failed and
@@ -129,9 +140,11 @@ class SweepSummary(Callback):
         # Hydra makes the run folder before the job starts: a read-only place is reported here, in
         # one paragraph, instead of as Hydra's traceback.
         _check_folder(config.hydra.run.dir, "hydra.run.dir")
+        _check_cache_folder(config)
 
     def on_multirun_start(self, config, **kwargs):
         _check_folder(config.hydra.sweep.dir, "hydra.sweep.dir")
+        _check_cache_folder(config)
         self.path = os.path.join(config.hydra.sweep.dir, "jobs.json")
         # Hydra re-raises the first failure after the last job, which skips
         # on_multirun_end; exit handlers still run.

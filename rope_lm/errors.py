@@ -8,6 +8,14 @@ class ConfigError(RopeLMError, ValueError):
     expensive work starts."""
 
 
+class UnwritableFolder(ConfigError):
+    """An output or cache folder that cannot be written (read-only file
+    system, permissions, a file in its path): a setting moves it, but the
+    fault is the machine's, so it exits 1 as a failed write does."""
+
+    exit_status = 1
+
+
 class TrainingDiverged(RopeLMError):
     """The training loss became NaN or infinite."""
 

@@ -137,12 +137,12 @@ def evaluate_checkpoint(ckpt_path: str | None, methods: list[dict], eval_options
     else:
         refuse_taken(out_dir)
     check_writable(out_dir, "out=")
-    made = not os.path.exists(out_dir)
+    made = _first_missing(out_dir)
     try:
         cache, data_options = checkpoint_cache(trained.lit, data_overrides, out_dir)
     except BaseException:
         if made:  # a refused corpus leaves no folder holding only the tokenizer behind
-            _remove_if_only(out_dir, {"tokenizer.json"})
+            _remove_if_only(out_dir, made, {"tokenizer.json"})
         raise
     config["data"] = data_options
     if earlier is not None:
@@ -170,12 +170,26 @@ def _check_same_evaluation(earlier: dict, config: dict, out_dir: str) -> None:
                           f"or the command that started that evaluation.")
 
 
-def _remove_if_only(folder: str, names: set) -> None:
+def _first_missing(path: str) -> str | None:
+    """The outermost folder of path that does not exist yet (None if path exists)."""
+    path, missing = os.path.abspath(path), None
+    while not os.path.exists(path):
+        missing, path = path, os.path.dirname(path)
+    return missing
+
+
+def _remove_if_only(folder: str, made: str, names: set) -> None:
+    """Remove folder when it holds nothing but `names`, and the empty folders
+    above it up to `made`, the outermost this run created."""
     import shutil
 
     try:
         if set(os.listdir(folder)) <= names:
             shutil.rmtree(folder)
+        here = os.path.dirname(os.path.abspath(folder))
+        while len(here) >= len(made) and os.path.isdir(here) and not os.listdir(here):
+            os.rmdir(here)
+            here = os.path.dirname(here)
     except OSError:
         pass
 

@@ -23,7 +23,7 @@ import enum
 import json
 import os
 
-from rope_lm.errors import ConfigError
+from rope_lm.errors import ConfigError, UnwritableFolder
 from rope_lm.files import atomic_write
 from rope_lm.run_settings import settings_differences
 
@@ -314,14 +314,18 @@ def check_writable(out_dir: str, setting: str = "hydra.run.dir (or the script's 
             break
         probe = parent
     if not os.path.isdir(probe):
-        raise ConfigError(f"The output folder {out_dir} cannot be made: {probe} is a file, not a folder. Set "
-                          f"{setting} to a writable place.")
+        raise UnwritableFolder(f"The folder {out_dir} is not writable: {probe} is a file, not a folder. Set "
+                               f"{setting} to a writable place{_relative(out_dir)}.")
     if not os.access(probe, os.W_OK | os.X_OK):
         import errno
 
         reason = "read-only file system" if _read_only(probe) else os.strerror(errno.EACCES).lower()
-        raise ConfigError(f"The output folder {out_dir} cannot be written ({probe}: {reason}). Set {setting} to a "
-                          f"writable place.")
+        raise UnwritableFolder(f"The folder {out_dir} is not writable ({probe}: {reason}). Set {setting} to a "
+                               f"writable place{_relative(out_dir)}.")
+
+
+def _relative(path: str) -> str:
+    return "" if os.path.isabs(path) else f", or run from a writable directory (it is relative to {os.getcwd()})"
 
 
 def _read_only(path: str) -> bool:
