@@ -92,7 +92,7 @@ def checkpoint_tokenizer(lit):
 
 def checkpoint_tokens(lit, split: str, work_dir: str, data_overrides: dict | None = None) -> np.ndarray:
     """The checkpoint's own corpus split, tokenized with its own tokenizer."""
-    from rope_lm.pipeline import checkpoint_cache
+    from rope_lm.trained import checkpoint_cache
 
     if split not in ("train", "valid", "test"):
         raise ConfigError(f"split={split!r} is not a split; use train, valid or test.")
