@@ -56,6 +56,8 @@ def write_failure(path: str, error: BaseException, kept: str = "") -> OutputErro
 
 class Interrupted(RopeLMError):
     """A run stopped by SIGTERM or Ctrl-C after saying what it kept and how
-    to finish; its exit status is the shell's for a SIGTERM."""
+    to finish; its exit status is the shell's for that signal (143, 130)."""
 
-    exit_status = 143
+    def __init__(self, message: str, exit_status: int = 143):
+        super().__init__(message)
+        self.exit_status = exit_status

@@ -20,12 +20,16 @@ from rope_lm.trained import checkpoint_cache, open_model
 log = logging.getLogger("rope_lm")
 
 
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where Ctrl-C raises KeyboardInterrupt."""
+
+
 @contextlib.contextmanager
 def _sigterm_stops():
-    """SIGTERM raises KeyboardInterrupt for the span of an evaluation (as
-    Ctrl-C does), so that it stops with a report instead of silently."""
+    """SIGTERM raises for the span of an evaluation (as Ctrl-C does), so that
+    it stops with a report instead of silently."""
     def stop(signum, frame):
-        raise KeyboardInterrupt
+        raise _Terminated
 
     try:
         previous = signal.signal(signal.SIGTERM, stop)
@@ -81,8 +85,9 @@ def evaluate_and_report(model, cache, eval_cfg: EvalConfig, methods: list[dict |
                     write_views(results, out_dir)
             results["status"] = Status.COMPLETE
             write_views(results, out_dir)
-    except KeyboardInterrupt:
-        raise Interrupted(_stopped(results, label, expected, len(methods), out_dir, finish)) from None
+    except KeyboardInterrupt as e:
+        status = 128 + (signal.SIGTERM if isinstance(e, _Terminated) else signal.SIGINT)
+        raise Interrupted(_stopped(results, label, expected, len(methods), out_dir, finish), status) from None
     finally:
         model.set_scaling(original)
     if wandb_run is not None:
@@ -128,16 +133,21 @@ def evaluate_checkpoint(ckpt_path: str | None, methods: list[dict], eval_options
     config = {"ckpt_path": trained.path if hf else os.path.abspath(trained.path), "model": hp["model"],
               "pos": hp["pos"], "trained_scaling": hp.get("scaling"), "data": None, "eval": eval_options,
               "methods": methods}
-    earlier = None
     if out_dir is None:
         home = os.path.join("outputs", "eval", hf.strip("/").replace("/", "--")) if hf else _run_eval_home(trained.path)
         out_dir = fresh_dir(os.path.join(home, "-".join(labels)[:80] or "none"))
-    elif existing == "continue" and os.path.exists(os.path.join(out_dir, RESULTS_JSON)):
-        earlier = RunFolder(out_dir).read_results()
-    else:
+    folder = RunFolder(out_dir)
+    finishing = existing == "continue" and folder.read_results() is not None and not os.path.exists(folder.file("checkpoints"))
+    if not finishing:
         refuse_taken(out_dir)
     check_writable(out_dir, "out=")
     made = _first_missing(out_dir)
+    if not folder.lock():  # held while this process lives: one process evaluates in a folder
+        from rope_lm.errors import ConfigError
+
+        raise ConfigError(f"Another rope-lm process is evaluating in {out_dir} right now; give this evaluation "
+                          f"another out= folder, or wait for that one to finish.")
+    earlier = folder.read_results() if finishing else None
     try:
         cache, data_options = checkpoint_cache(trained.lit, data_overrides, out_dir)
     except BaseException:
@@ -184,7 +194,7 @@ def _remove_if_only(folder: str, made: str, names: set) -> None:
     import shutil
 
     try:
-        if set(os.listdir(folder)) <= names:
+        if set(os.listdir(folder)) <= names | {".run.lock"}:
             shutil.rmtree(folder)
         here = os.path.dirname(os.path.abspath(folder))
         while len(here) >= len(made) and os.path.isdir(here) and not os.listdir(here):

@@ -51,10 +51,15 @@ class Status(str, enum.Enum):
     @classmethod
     def read(cls, word: str | None) -> "Status":
         """The status a file records; files older than this enum wrote
-        "completed" in jobs.json, and results.json without a status is complete."""
+        "completed" in jobs.json, and results.json without a status is
+        complete. A word this version does not know (a file edited by hand,
+        or from a newer version) reads as no results, never as complete."""
         if word in (None, "completed"):
             return cls.COMPLETE
-        return cls(word)
+        try:
+            return cls(word)
+        except ValueError:
+            return cls.NO_RESULTS
 
 
 # --- what a run started in the folder does -------------------------------------------
@@ -186,8 +191,18 @@ class RunFolder:
         import yaml
 
         if os.path.isfile(self.file(RUN_CONFIG)):
-            with open(self.file(RUN_CONFIG)) as f:
-                return yaml.safe_load(f) or {}
+            try:
+                with open(self.file(RUN_CONFIG)) as f:
+                    saved = yaml.safe_load(f) or {}
+            except (OSError, yaml.YAMLError) as e:
+                first = str(e).splitlines()[0] if str(e) else type(e).__name__
+                raise ConfigError(f"{self.file(RUN_CONFIG)} (the settings this folder's run recorded) cannot be read "
+                                  f"({first}), so it is not known whether this run is the same experiment. Restore "
+                                  f"the file, or give this run its own folder.") from None
+            if not isinstance(saved, dict):
+                raise ConfigError(f"{self.file(RUN_CONFIG)} does not hold a run's settings (a mapping); restore the "
+                                  f"file, or give this run its own folder.")
+            return saved
         results = self.read_results()
         return None if results is None else results.get("config")
 
@@ -232,7 +247,11 @@ class RunFolder:
     def _decide(self, settings, cont, ckpt, max_steps, what) -> Decision:
         own = ckpt is not None and os.path.abspath(ckpt).startswith(os.path.abspath(self.path) + os.sep)
         if own:  # resume=: the run's own checkpoint is the one way back into a used folder
-            return Resume(ckpt, _steps(ckpt))
+            steps = _steps(ckpt)
+            done = max_steps is not None and steps >= max_steps
+            if cont and done and self.state()["state"] == Status.COMPLETE:
+                return Skip("its results are complete")
+            return Resume(ckpt, steps)
         if not cont:
             taken = self.taken()
             if taken:
