@@ -74,9 +74,29 @@ def resume_args(argv: list[str]) -> list[str]:
 
             raise ConfigError(f"resume={runs[-1]!r} is not a run directory: {saved} does not exist. Give the folder a "
                               f"train.py run wrote (it holds .hydra/ and checkpoints/).")
+    _check_readable(saved, runs[-1])
     rest = [a for a in argv if not a.startswith("resume=")]
     return ["--config-path", os.path.dirname(saved), "--config-name", os.path.basename(saved)[: -len(".yaml")],
             *rest, f"ckpt_path={run}", f"hydra.run.dir={run}"]
+
+
+def _check_readable(saved: str, given: str) -> None:
+    """A run.yaml that is not a YAML mapping (edited by hand, or cut short) is named here, before Hydra
+    reads it and fails with a traceback."""
+    import yaml
+
+    try:
+        with open(saved) as f:
+            ok = isinstance(yaml.safe_load(f), dict)
+        problem = "it does not hold a mapping of settings"
+    except (OSError, yaml.YAMLError) as e:
+        ok, problem = False, (str(e).splitlines() or [type(e).__name__])[0]
+    if not ok:
+        with user_errors():
+            from rope_lm.errors import ConfigError
+
+            raise ConfigError(f"resume={given!r}: the run's recorded settings {saved} cannot be read ({problem}). "
+                              f"Restore the file (the run's .hydra/config.yaml holds the settings it started with).")
 
 
 if __name__ == "__main__":

@@ -58,10 +58,13 @@ class EvalConfig:
 
     def resolve_lengths(self, train_len: int) -> list[int]:
         raw = list(self.lengths) if self.lengths else [m * train_len for m in self.multipliers]
+        if not raw:
+            raise ConfigError("eval.multipliers is empty (and eval.lengths unset): there is no length to evaluate. "
+                              "Give at least one, e.g. eval.multipliers=[1,2,4] or eval.lengths=[128,512].")
         for v in raw:
-            if not (isinstance(v, (int, float)) and v > 0):
+            if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
                 raise ConfigError(
-                    f"Evaluation length {v!r} is not positive (settings eval.lengths / eval.multipliers); "
+                    f"Evaluation length {v!r} is not positive or not finite (settings eval.lengths / eval.multipliers); "
                     f"give positive token counts, e.g. eval.multipliers=[1,2,4]."
                 )
         return sorted({int(round(v)) for v in raw})

@@ -315,10 +315,12 @@ def refuse_taken(out_dir: str, results: str = "results.json") -> str:
     """An out= folder for an evaluation: refused when it holds results."""
     taken = [name for name in (results, "checkpoints") if os.path.exists(os.path.join(out_dir, name))]
     if taken:
+        finish = ("" if "checkpoints" in taken else
+                  ", or add existing=continue to finish an evaluation that stopped part-way in it")
         raise ConfigError(
             f"out={out_dir} already holds results ({', '.join(taken)}); an evaluation never overwrites another "
-            f"run's or evaluation's files. Leave out= unset (a new folder inside the run: <run>/eval/<methods>/), "
-            f"give a new folder, or add existing=continue to finish an evaluation that stopped part-way in it."
+            f"run's or evaluation's files. Leave out= unset (a new folder inside the run: <run>/eval/<methods>/) "
+            f"or give a new folder{finish}."
         )
     return out_dir
 
