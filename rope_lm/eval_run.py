@@ -130,11 +130,13 @@ def evaluate_checkpoint(ckpt_path: str | None, methods: list[dict], eval_options
         model.set_scaling(options)
         model.validate_length(max(lengths))
     labels = [method_label(m) for m in methods]
-    config = {"ckpt_path": trained.path if hf else os.path.abspath(trained.path), "model": hp["model"],
+    imported = trained.path[len("hf:"):] if trained.path.startswith("hf:") else None  # hf= or ckpt=hf:...
+    config = {"ckpt_path": trained.path if imported else os.path.abspath(trained.path), "model": hp["model"],
               "pos": hp["pos"], "trained_scaling": hp.get("scaling"), "data": None, "eval": eval_options,
               "methods": methods}
     if out_dir is None:
-        home = os.path.join("outputs", "eval", hf.strip("/").replace("/", "--")) if hf else _run_eval_home(trained.path)
+        home = (os.path.join("outputs", "eval", imported.strip("/").replace("/", "--")) if imported
+                else _run_eval_home(trained.path))
         out_dir = fresh_dir(os.path.join(home, "-".join(labels)[:80] or "none"))
     folder = RunFolder(out_dir)
     finishing = existing == "continue" and folder.read_results() is not None and not os.path.exists(folder.file("checkpoints"))

@@ -114,6 +114,9 @@ def main(argv: list[str]):
         if not cfg["ckpt"] and not cfg["hf"]:
             raise ConfigError("ckpt= (a .ckpt file or a run directory with checkpoints/last.ckpt) or hf= (a "
                               "transformers model folder or hub name) is required.")
+        if cfg["ckpt"] and cfg["hf"]:
+            raise ConfigError(f"ckpt={cfg['ckpt']!r} and hf={cfg['hf']!r} are both set; give one: ckpt= for a rope-lm "
+                              f"checkpoint or run folder, hf= for a transformers model (or ckpt=hf:<folder>).")
         methods = scaling_methods(names, scaling)
     if cfg["existing"] not in ("refuse", "continue"):
         raise ConfigError(f"existing={cfg['existing']!r} is not an option; use refuse (an out= folder holding results "
