@@ -27,7 +27,7 @@ def conf(directory, name):
     return cfg
 
 
-def save_tiny_checkpoint(path, cache, data_options, pos=None, train_len=16):
+def save_tiny_checkpoint(path, cache, data_options, pos=None, train_len=16, model=None):
     """A checkpoint as training writes it (LitLM hyper-parameters, weights,
     tokenizer), without training: the diagnostics only need a loadable model."""
     import lightning
@@ -36,7 +36,7 @@ def save_tiny_checkpoint(path, cache, data_options, pos=None, train_len=16):
 
     torch.manual_seed(0)
     optim = {"lr": 1e-3, "min_lr_ratio": 0.1, "warmup_steps": 1, "weight_decay": 0.1, "beta1": 0.9, "beta2": 0.95, "eps": 1e-8}
-    lit = LitLM(model=TINY_MODEL, pos=pos or {"name": "rope"}, scaling={"name": "none"}, optim=optim,
+    lit = LitLM(model=model or TINY_MODEL, pos=pos or {"name": "rope"}, scaling={"name": "none"}, optim=optim,
                 vocab_size=cache.vocab_size, train_len=train_len, max_steps=1, corpus=cache.corpus, data=data_options)
     with open(os.path.join(cache.dir, "tokenizer.json")) as f:
         tokenizer_json = f.read()
@@ -235,7 +235,7 @@ def test_default_out_dir_is_inside_the_run_and_never_reused(tiny_ckpt):
     assert first == os.path.join(tiny_ckpt, "diagnostics", "probe")
     os.makedirs(first)
     try:
-        assert D.default_out_dir(ckpt, "probe") == first + "_2"
+        assert D.default_out_dir(ckpt, "probe") == first + "-2"  # rope_lm.files.fresh_dir, the one numbering style
     finally:
         os.rmdir(first)
 
