@@ -229,6 +229,26 @@ def test_rope_decay_and_similarity_scripts(tiny_ckpt, tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["decay", "sim"]  # no Hydra output folders
 
 
+def test_open_model_is_the_one_door(tiny_ckpt, tmp_path):
+    """rope_lm.trained: a run folder opens its last.ckpt, in eval mode, under another method on
+    request; read_start gives the same checkpoint's parts without a model; a bad source names the setting."""
+    from rope_lm.trained import open_model, read_start
+
+    t = open_model(tiny_ckpt, "cpu", {"name": "yarn", "factor": 2.0})
+    ckpt = os.path.join(tiny_ckpt, "checkpoints", "last.ckpt")
+    assert (t.source, t.path, t.train_len) == (tiny_ckpt, os.path.abspath(ckpt), 16)
+    assert t.model.scaling.name == "yarn" and not t.model.training and t.tokenizer().get_vocab_size() > 0
+    start = read_start(tiny_ckpt)
+    assert start["path"] == ckpt and start["tokenizer_json"] == t.tokenizer_json
+    assert set(start["state_dict"]) == set(t.lit.state_dict()) and start["hyper_parameters"]["train_len"] == 16
+    with pytest.raises(ConfigError, match="init_from= is required"):
+        read_start("", "init_from")
+    with pytest.raises(ConfigError, match="names no model"):
+        open_model("hf:", "cpu")
+    with pytest.raises(ConfigError, match="resume=.*is not a checkpoint file"):
+        open_model(str(tmp_path / "nothing"), "cpu", setting="resume")
+
+
 def test_default_out_dir_is_inside_the_run_and_never_reused(tiny_ckpt):
     ckpt = os.path.join(tiny_ckpt, "checkpoints", "last.ckpt")
     first = D.default_out_dir(ckpt, "probe")
