@@ -30,6 +30,7 @@ import sysconfig
 
 import numpy as np
 
+from rope_lm import passkey_text
 from rope_lm.errors import ConfigError
 
 log = logging.getLogger("rope_lm.corpus")
@@ -352,12 +353,26 @@ def hub_stream(cfg: SourceConfig):
 
 
 def passkey_stream(cfg: SourceConfig):
-    """Passkey-retrieval examples mixed into a base corpus (settings in data.extra; see rope_lm/passkey.py)."""
-    from rope_lm.passkey import passkey_documents
-
+    """Passkey-retrieval examples mixed into a base corpus (settings in data.extra; see rope_lm/passkey_text.py)."""
     for split, docs in passkey_documents(cfg).items():
         for doc in docs:
             yield None, SPLIT_BITS[split], doc
+
+
+def passkey_documents(cfg: SourceConfig) -> dict[str, list[str]]:
+    """The base corpus's splits (data.extra.base: stdlib, none, or a path of
+    text files) with passkey examples added; deterministic in data.extra.seed."""
+    o = passkey_text.corpus_options(cfg.extra or {})
+    base = str(o["base"])
+    common = dict(valid_fraction=cfg.valid_fraction, test_fraction=cfg.test_fraction, text_field=cfg.text_field,
+                  doc_start=cfg.doc_start)
+    if base == "none":
+        docs = {"train": [], "valid": [], "test": []}
+    elif base == "stdlib":
+        docs = stdlib_documents(SourceConfig(source="stdlib", **common))
+    else:
+        docs = file_documents(SourceConfig(source="files", path=base, **common))
+    return passkey_text.mix_examples(docs, o, cfg.valid_fraction, cfg.test_fraction)
 
 
 READERS = {"stdlib": stdlib_stream, "files": file_stream, "hub": hub_stream, "passkey": passkey_stream}

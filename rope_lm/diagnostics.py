@@ -14,37 +14,19 @@ import contextlib
 import inspect
 import math
 import os
+import tempfile
 
 import numpy as np
 import torch
 
 from rope_lm.attention import attention_probs, match_heads
-from rope_lm.checkpointing import load_checkpoint
 from rope_lm.errors import ConfigError
+from rope_lm.files import fresh_dir, save_figure, write_json
 from rope_lm.frequencies import inverse_frequencies
+from rope_lm.trained import Trained, checkpoint_cache
 
 
-# --- checkpoints and their data ---------------------------------------------------
-
-def load_model(path: str | None, scaling: dict | None = None, device: str = "cpu"):
-    """(LitLM in eval mode, checkpoint file): a checkpoint for a diagnostic,
-    or `hf:<dir or hub name>` for a transformers Llama-family model (its
-    tokenizer, the corpus of data.* defaults), optionally under another
-    extrapolation method (options as train.py's `scaling` group gives them)
-    instead of the one it was trained with."""
-    if not path:
-        raise ConfigError("ckpt= is required: a .ckpt file, a run directory with checkpoints/last.ckpt, or "
-                          "hf:<model folder or hub name>.")
-    if path.startswith("hf:"):
-        from rope_lm.hf import hf_lit
-
-        lit, ckpt = hf_lit(path[len("hf:"):]).to(device).eval(), path
-    else:
-        lit, ckpt = load_checkpoint(path, device)
-    if scaling:
-        lit.model.set_scaling(scaling)
-    return lit, ckpt
-
+# --- the output folder and the checkpoint's data ----------------------------------
 
 def lengths_for(train_len: int, lengths: list[int] | None, multipliers: list[float]) -> list[int]:
     """The diagnostic's context lengths: `lengths` as given, else each
@@ -52,51 +34,87 @@ def lengths_for(train_len: int, lengths: list[int] | None, multipliers: list[flo
     return lengths or sorted({int(round(m * train_len)) for m in multipliers})
 
 
-def output_dir(out: str | None, ckpt: str, name: str, scaling: dict | None = None) -> str:
-    """out=, or a new <run dir>/diagnostics/<name>[_<method>] folder; checked writable."""
-    out = out or default_out_dir(ckpt, name + (f"_{scaling['name']}" if scaling else ""))
+def _folder_name(name: str, scaling: dict | None) -> str:
+    return name + (f"_{scaling['name']}" if scaling else "")
+
+
+def _default_base(ckpt: str | None, name: str) -> str:
+    """<run dir>/diagnostics/<name> for a checkpoint inside a run's
+    checkpoints/ (else next to it); outputs/diagnostics/<model>/<name> for
+    hf:<model>; outputs/diagnostics/<name> without a checkpoint."""
+    if not ckpt:
+        return os.path.join("outputs", "diagnostics", name)
+    if ckpt.startswith("hf:"):
+        model = ckpt[len("hf:"):].strip("/").replace("/", "--")
+        return os.path.join("outputs", "diagnostics", model, name)
+    parent = os.path.dirname(os.path.abspath(ckpt))
+    run_dir = os.path.dirname(parent) if os.path.basename(parent) == "checkpoints" else parent
+    return os.path.join(run_dir, "diagnostics", name)
+
+
+def default_out_dir(ckpt: str | None, name: str) -> str:
+    """The default output folder, never one that exists already (-2, -3, ...)."""
+    return fresh_dir(_default_base(ckpt, name))
+
+
+def output_dir(out: str | None, ckpt: str | None, name: str, scaling: dict | None = None) -> str:
+    """Where the results will go: out=, or a new <run dir>/diagnostics/<name>[_<method>];
+    checked creatable, not created (make_output_dir does that once the
+    inputs are checked, so a refused run leaves no empty folder)."""
+    out = out or default_out_dir(ckpt, _folder_name(name, scaling))
     check_out_dir(out)
     return out
 
 
-def default_out_dir(ckpt: str, name: str) -> str:
-    """<run dir>/diagnostics/<name> for a checkpoint inside a run's
-    checkpoints/ (else next to it; outputs/diagnostics/<model>/<name> for
-    hf:<model>), never one that already exists."""
-    if ckpt.startswith("hf:"):
-        model = ckpt[len("hf:"):].strip("/").replace("/", "--")
-        return fresh_dir(os.path.join("outputs", "diagnostics", model, name))
-    parent = os.path.dirname(os.path.abspath(ckpt))
-    run_dir = os.path.dirname(parent) if os.path.basename(parent) == "checkpoints" else parent
-    return fresh_dir(os.path.join(run_dir, "diagnostics", name))
+def make_output_dir(out: str | None, ckpt: str | None, name: str, scaling: dict | None = None) -> str:
+    """Create the output folder, right before the first result is written:
+    out= as given, or the default folder's first free number at this moment
+    (a concurrent run may have taken the one output_dir saw)."""
+    if out:
+        _mkdir(out, exist_ok=True)
+        return out
+    base = _default_base(ckpt, _folder_name(name, scaling))
+    while True:
+        path = fresh_dir(base)
+        try:
+            _mkdir(path, exist_ok=False)
+            return path
+        except FileExistsError:
+            continue
 
 
-def fresh_dir(path: str) -> str:
-    """path, or path_2, path_3, ... : the first that does not exist yet, so a
-    default output folder never overwrites an earlier result."""
-    candidate, n = path, 1
-    while os.path.exists(candidate):
-        n += 1
-        candidate = f"{path}_{n}"
-    return candidate
+def _mkdir(path: str, exist_ok: bool):
+    try:
+        os.makedirs(path, exist_ok=exist_ok)
+    except FileExistsError:
+        if not exist_ok:
+            raise
+        raise ConfigError(f"The output directory {path} is a file, not a folder; pass out= a new folder.") from None
+    except OSError as e:
+        raise ConfigError(f"Cannot create the output directory {path} ({e.strerror}); pass out= a writable place.") from None
 
 
-def checkpoint_tokenizer(lit):
-    from tokenizers import Tokenizer
+def check_out_dir(path: str):
+    """Refuse, before any work, an output folder that could not be made or
+    written: the folder itself if it exists, else its nearest existing parent."""
+    here = os.path.abspath(path)
+    while not os.path.exists(here):
+        here = os.path.dirname(here)
+    if not os.path.isdir(here):
+        raise ConfigError(f"Cannot create the output directory {path}: {here} is a file, not a folder; "
+                          f"pass out= a writable place.")
+    if not os.access(here, os.W_OK | os.X_OK):
+        raise ConfigError(f"Cannot create the output directory {path}: {here} is not writable; "
+                          f"pass out= a writable place.")
 
-    if not getattr(lit, "tokenizer_json", None):
-        raise ConfigError("This checkpoint carries no tokenizer (it predates tokenizers in checkpoints); retrain or "
-                          "evaluate with a newer checkpoint.")
-    return Tokenizer.from_str(lit.tokenizer_json)
 
-
-def checkpoint_tokens(lit, split: str, work_dir: str, data_overrides: dict | None = None) -> np.ndarray:
-    """The checkpoint's own corpus split, tokenized with its own tokenizer."""
-    from rope_lm.trained import checkpoint_cache
-
+def checkpoint_tokens(trained: Trained, split: str, data_overrides: dict | None = None) -> np.ndarray:
+    """The checkpoint's own corpus split, tokenized with its own tokenizer
+    (written to a temporary folder for the cache: the cache keeps its own copy)."""
     if split not in ("train", "valid", "test"):
         raise ConfigError(f"split={split!r} is not a split; use train, valid or test.")
-    return checkpoint_cache(lit, data_overrides, work_dir)[0].tokens(split)
+    with tempfile.TemporaryDirectory(prefix="rope-lm-tokenizer-") as work:
+        return checkpoint_cache(trained.lit, data_overrides, work)[0].tokens(split)
 
 
 # --- attention probabilities ------------------------------------------------------
@@ -234,7 +252,7 @@ def plot_entropy(result: dict, path: str, title: str = ""):
     fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), 6), fontsize=8, bbox_to_anchor=(0.5, -0.02))
     fig.suptitle(title or f"Attention entropy vs query position (length {result['length']}, {result['windows']} windows)")
     fig.tight_layout(rect=(0, 0.06, 1, 1))
-    _save(fig, path)
+    save_figure(fig, path)
     plt.close(fig)
 
 
@@ -286,7 +304,7 @@ def plot_rope_decay(curves: list[dict], path: str, train_len: int | None = None,
     a2.set_title("whole range (log-log)")
     a2.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
     fig.tight_layout()
-    _save(fig, path)
+    save_figure(fig, path)
     plt.close(fig)
 
 
@@ -366,25 +384,11 @@ def plot_similarity(panels: list[dict], path: str):
                 f(p["train_len"] - 0.5, color="black", linestyle="--", linewidth=1)
         fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04, label="cosine similarity")
     fig.tight_layout()
-    _save(fig, path)
+    save_figure(fig, path)
     plt.close(fig)
 
 
 # --- shared -------------------------------------------------------------------------
-
-def _save(fig, path: str):
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    tmp = path + ".tmp.png"
-    fig.savefig(tmp, dpi=110, bbox_inches="tight")
-    os.replace(tmp, path)
-
-
-def check_out_dir(path: str):
-    try:
-        os.makedirs(path, exist_ok=True)
-    except OSError as e:
-        raise ConfigError(f"Cannot create the output directory {path} ({e.strerror}); pass out= a writable place.") from None
-
 
 def json_safe(x):
     """NaN/inf -> None, recursively (JSON has no NaN)."""
@@ -398,8 +402,5 @@ def json_safe(x):
 
 
 def save_json(path: str, obj):
-    from rope_lm.report import write_json
-
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     write_json(path, json_safe(obj))
 

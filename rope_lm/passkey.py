@@ -9,27 +9,21 @@ tokens; the answer is the first run of digits in the decoded text, correct
 only when it equals the key. Everything is a function of (seed, length,
 depth, sample index), so reruns and other models see the same prompts.
 
-Training mix (`data=passkey`): the corpus reader `passkey_documents` adds
-text examples of the same template (with the answer) to a base corpus.
+Training mix (`data=passkey`): the corpus source `passkey` adds text examples
+of the same template (with the answer) to a base corpus (rope_lm/passkey_text.py,
+the template's sentences, torch-free for the corpus layer).
 """
 
 from dataclasses import dataclass
-import math
 import random
 import re
 
 import torch
 
 from rope_lm.errors import ConfigError
+from rope_lm.files import save_figure
+from rope_lm.passkey_text import ANSWER, FILLER, INSTRUCTIONS, KEY_SENTENCE, QUESTION  # noqa: F401  (the template, re-exported)
 
-INSTRUCTIONS = ("There is an important info hidden inside a lot of irrelevant text. Find it and memorize it. "
-                "I will quiz you about the important information there.")
-FILLER_SENTENCES = [" The grass is green.", " The sky is blue.", " The sun is yellow.", " Here we go.",
-                    " There and back again."]
-FILLER = "".join(FILLER_SENTENCES)
-KEY_SENTENCE = " The pass key is {key}. Remember it. {key} is the pass key."
-QUESTION = " What is the pass key? The pass key is"
-ANSWER = " {key}"
 # Tokens kept free after the prompt for the generated answer: up to 5 digit
 # tokens, a space, and room to see whether the model stops after the digits.
 ANSWER_ROOM = 8
@@ -147,8 +141,6 @@ def _cell(cells, L, d):
 
 def plot_passkey(result: dict, path: str, train_len: int | None = None, title: str = ""):
     """Heatmap of accuracy: depth (rows) x length (columns)."""
-    import os
-
     import matplotlib
 
     matplotlib.use("Agg")
@@ -174,84 +166,5 @@ def plot_passkey(result: dict, path: str, train_len: int | None = None, title: s
     ax.set_title(title or f"Passkey retrieval accuracy ({result['samples']} samples per cell)", fontsize=9, wrap=True)
     fig.colorbar(im, ax=ax, label="accuracy")
     fig.tight_layout()
-    tmp = path + ".tmp.png"
-    fig.savefig(tmp, dpi=110, bbox_inches="tight")
-    os.replace(tmp, path)
+    save_figure(fig, path)
     plt.close(fig)
-
-
-# --- the `passkey` corpus source ----------------------------------------------------
-
-PASSKEY_DEFAULTS = {
-    "base": "stdlib",  # corpus the examples are mixed into: stdlib, none, or a path of text files
-    "examples": 20000,  # passkey documents in the train split
-    "min_filler": 0,  # filler sentences per example, drawn uniformly from [min_filler, max_filler]
-    "max_filler": 20,
-    "instructions": False,
-    "seed": 0,
-}
-
-
-def example_text(rng: random.Random, min_filler: int, max_filler: int, instructions: bool) -> str:
-    key = str(rng.randint(10000, 99999))
-    n = rng.randint(min_filler, max_filler)
-    start = rng.randrange(len(FILLER_SENTENCES))
-    filler = [FILLER_SENTENCES[(start + i) % len(FILLER_SENTENCES)] for i in range(n)]
-    before = rng.randint(0, n)
-    return ((INSTRUCTIONS if instructions else "") + "".join(filler[:before]) + KEY_SENTENCE.format(key=key)
-            + "".join(filler[before:]) + QUESTION + ANSWER.format(key=key) + ".").lstrip()
-
-
-def _options(extra: dict) -> dict:
-    unknown = set(extra) - set(PASSKEY_DEFAULTS)
-    if unknown:
-        raise ConfigError(f"Unknown passkey data setting(s) {', '.join(sorted('data.extra.' + k for k in unknown))}; "
-                          f"valid ones are {', '.join('data.extra.' + k for k in PASSKEY_DEFAULTS)}.")
-    o = {**PASSKEY_DEFAULTS, **extra}
-    for k in ("examples", "min_filler", "max_filler"):
-        if isinstance(o[k], bool) or not isinstance(o[k], int) or o[k] < 0:
-            raise ConfigError(f"data.extra.{k}={o[k]!r} must be a non-negative integer.")
-    if o["min_filler"] > o["max_filler"]:
-        raise ConfigError(f"data.extra.min_filler={o['min_filler']} is larger than data.extra.max_filler={o['max_filler']}.")
-    return o
-
-
-def _interleave(base: list[str], extra: list[str]) -> list[str]:
-    """extra spread evenly through base, so that the tokenizer's training
-    sample (the first characters of the train split) sees both."""
-    if not base or not extra:
-        return base + extra
-    out, j = [], 0
-    for i, doc in enumerate(base, 1):
-        out.append(doc)
-        upto = math.floor(i * len(extra) / len(base))
-        out += extra[j:upto]
-        j = upto
-    return out + extra[j:]
-
-
-def passkey_documents(cfg) -> dict[str, list[str]]:
-    """Corpus reader for data.source=passkey: the base corpus's splits with
-    passkey examples added (valid/test get valid_fraction/test_fraction times
-    as many as train); deterministic in data.extra.seed."""
-    from rope_lm.corpus import SourceConfig, file_documents, stdlib_documents
-
-    o = _options(cfg.extra or {})
-    base = str(o["base"])
-    common = dict(valid_fraction=cfg.valid_fraction, test_fraction=cfg.test_fraction, text_field=cfg.text_field,
-                  doc_start=cfg.doc_start)
-    if base == "none":
-        docs = {"train": [], "valid": [], "test": []}
-    elif base == "stdlib":
-        docs = stdlib_documents(SourceConfig(source="stdlib", **common))
-    else:
-        docs = file_documents(SourceConfig(source="files", path=base, **common))
-    counts = {"train": o["examples"],
-              "valid": max(1, round(o["examples"] * cfg.valid_fraction)),
-              "test": max(1, round(o["examples"] * cfg.test_fraction))}
-    out = {}
-    for split, n in counts.items():
-        rng = random.Random(f"passkey-corpus:{o['seed']}:{split}")
-        examples = [example_text(rng, o["min_filler"], o["max_filler"], o["instructions"]) for _ in range(n)]
-        out[split] = _interleave(docs[split], examples)
-    return out

@@ -71,6 +71,7 @@ def _others(rng: random.Random, n: int) -> list[float]:
 
 class RetrievalTask:
     pattern = r"\d+"  # what a value looks like in decoded text (greedy scoring)
+    max_needles: int | None = None  # None: as many as the prompt length allows
 
     def __init__(self, needles: int = 4):
         self.n = needles
@@ -98,6 +99,7 @@ def _keyed(rng: random.Random, n: int, depth: float) -> tuple[list[str], list[st
 
 
 class MultiKey(RetrievalTask):
+    max_needles = len(WORDS)  # a distinct word per key
     def instance(self, rng, depth):
         words, values, needles = _keyed(rng, self.n, depth)
         return Instance(needles, f" What is the special magic number for {words[0]}? The special magic number for "
@@ -116,6 +118,7 @@ class MultiValue(RetrievalTask):
 
 
 class MultiQuery(RetrievalTask):
+    max_needles = len(WORDS)
     def instance(self, rng, depth):
         words, values, needles = _keyed(rng, self.n, depth)
         listed = ", ".join(words[:-1]) + f" and {words[-1]}"
@@ -152,8 +155,16 @@ def build_tasks(names: list[str], needles: int) -> dict[str, RetrievalTask]:
     if unknown or not names:
         raise ConfigError(f"tasks={names}: {', '.join(unknown) or 'none given'}; valid tasks are "
                           f"{', '.join(TASKS)}.")
-    if needles < 2:
-        raise ConfigError(f"needles={needles} must be at least 2 (keys, values, queries or chain hops).")
+    if isinstance(needles, bool) or not isinstance(needles, int) or needles < 2:
+        raise ConfigError(f"needles={needles!r} must be a whole number of at least 2 (keys, values, queries or chain "
+                          f"hops).")
+    bounded = {n: TASKS[n].max_needles for n in names if TASKS[n].max_needles is not None}
+    if bounded and needles > min(bounded.values()):
+        over = [n for n, most in bounded.items() if needles > most]
+        raise ConfigError(f"needles={needles} is more than {' and '.join(over)} can hold: each of its needles names "
+                          f"a different word of {min(bounded.values())}, so needles= must be between 2 and "
+                          f"{min(bounded.values())} (the other tasks take any number from 2 that fits the prompt "
+                          f"length); lower needles= or leave {' and '.join(over)} out of tasks=.")
     return {n: TASKS[n](needles) for n in names}
 
 

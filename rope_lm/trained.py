@@ -1,20 +1,33 @@
-"""(lead's interim copy; replaced by the helper's trained.py at merge)"""
+"""The one front door to a trained model: a rope-lm checkpoint (a .ckpt file
+or a run folder) or a transformers model (`hf:<folder or hub name>`), opened
+for study (evaluation, diagnostics, retrieval, export) or read as the start
+of a fine-tune, with the tokenizer it carries and its own corpus.
+
+    t = open_model("outputs/<run>")          # or "hf:HuggingFaceTB/SmolLM-135M"
+    t.model, t.train_len, t.tokenizer_json
+
+Every path that reads a trained model comes through here, so the checks
+(a missing file, a file that is not a checkpoint, a model this version cannot
+build) and their messages are the same whichever script the user ran.
+"""
 
 from dataclasses import dataclass
 import os
 
 import torch
 
-from rope_lm.config import split_data
+from rope_lm.checkpointing import load_checkpoint, read_checkpoint, resolve_checkpoint
 from rope_lm.errors import ConfigError
 from rope_lm.files import atomic_write
+
+HF = "hf:"
 
 
 @dataclass
 class Trained:
-    lit: object
-    source: str
-    path: str
+    lit: "LitLM"  # noqa: F821  (eval mode, on the device)
+    source: str  # as the user gave it, kept verbatim for results
+    path: str  # the checkpoint file read (absolute), or "hf:<name>" for an imported model
 
     @property
     def model(self):
@@ -25,35 +38,76 @@ class Trained:
         return self.lit.hparams
 
     @property
-    def tokenizer_json(self):
+    def tokenizer_json(self) -> str | None:
         return getattr(self.lit, "tokenizer_json", None)
 
+    @property
+    def train_len(self) -> int:
+        return self.lit.model.cfg.train_len
 
-def open_model(source, device="auto", scaling=None, setting="ckpt"):
-    from rope_lm.checkpointing import load_checkpoint
+    @property
+    def imported(self) -> bool:
+        return self.path.startswith(HF)
 
+    def tokenizer(self):
+        """The tokenizers.Tokenizer the model was trained with."""
+        from tokenizers import Tokenizer
+
+        if not self.tokenizer_json:
+            raise ConfigError(f"{self.source} carries no tokenizer (a checkpoint from before tokenizers were stored "
+                              f"in checkpoints, or a model folder without tokenizer.json); retrain, or use a model "
+                              f"that has one.")
+        return Tokenizer.from_str(self.tokenizer_json)
+
+
+def _required(source: str | None, setting: str):
+    if not source:
+        raise ConfigError(f"{setting}= is required: a .ckpt file, a run directory with checkpoints/last.ckpt, or "
+                          f"hf:<model folder or hub name>.")
+
+
+def _hf_name(source: str, setting: str) -> str | None:
+    """The folder or hub name of `hf:<name>`, None for a rope-lm checkpoint."""
+    if not source.startswith(HF):
+        return None
+    name = source[len(HF):]
+    if not name.strip():
+        raise ConfigError(f"{setting}={source!r} names no model: give hf:<model folder or hub name>, e.g. "
+                          f"hf:HuggingFaceTB/SmolLM-135M.")
+    return name
+
+
+def open_model(source: str, device: str = "auto", scaling: dict | None = None, setting: str = "ckpt") -> Trained:
+    """A trained model in eval mode on `device` ("auto": cuda when there is
+    one), optionally under another extrapolation method (`scaling`, options
+    as the scaling config group gives them) instead of the one it was
+    trained with. A bad source is a ConfigError naming `setting`."""
+    _required(source, setting)
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    if not source:
-        raise ConfigError(f"{setting}= is required")
-    if source.startswith("hf:"):
-        from rope_lm.hf import hf_lit
+    name = _hf_name(source, setting)
+    if name is not None:
+        from rope_lm.hf.load import hf_lit
 
-        lit, path = hf_lit(source[3:]).to(device).eval(), source
+        lit, path = hf_lit(name).to(device).eval(), HF + name
     else:
-        lit, path = load_checkpoint(source, device, setting)
+        lit, ckpt = load_checkpoint(source, device, setting)
+        path = os.path.abspath(ckpt)
     if scaling:
         lit.model.set_scaling(scaling)
-    return Trained(lit, source, path)
+    return Trained(lit=lit, source=source, path=path)
 
 
-def read_start(source, setting="init_from"):
-    from rope_lm.checkpointing import read_checkpoint, resolve_checkpoint
+def read_start(source: str, setting: str = "init_from") -> dict:
+    """What a fine-tune starts from, without building a model:
+    {"path", "hyper_parameters", "state_dict", "tokenizer_json"}; "path" is
+    the checkpoint file read, or "hf:<name>"."""
+    _required(source, setting)
+    name = _hf_name(source, setting)
+    if name is not None:
+        from rope_lm.hf.load import hf_checkpoint
 
-    if source.startswith("hf:"):
-        from rope_lm.hf import hf_checkpoint
-
-        saved, path = hf_checkpoint(source[3:]), source
+        saved, path = hf_checkpoint(name), HF + name
     else:
         path = resolve_checkpoint(source, setting)
         saved = read_checkpoint(path)
@@ -61,7 +115,15 @@ def read_start(source, setting="init_from"):
             "tokenizer_json": saved.get("tokenizer_json")}
 
 
-def _read(path):
+def write_tokenizer(tokenizer_json: str, directory: str) -> str:
+    """The checkpoint's tokenizer as <directory>/tokenizer.json."""
+    path = os.path.join(directory, "tokenizer.json")
+    if not os.path.exists(path) or _read(path) != tokenizer_json:
+        atomic_write(path, tokenizer_json)
+    return path
+
+
+def _read(path: str) -> str:
     try:
         with open(path) as f:
             return f.read()
@@ -69,14 +131,11 @@ def _read(path):
         raise ConfigError(f"{path} cannot be read ({e.strerror}).") from None
 
 
-def write_tokenizer(tokenizer_json, directory):
-    path = os.path.join(directory, "tokenizer.json")
-    if not os.path.exists(path) or _read(path) != tokenizer_json:
-        atomic_write(path, tokenizer_json)
-    return path
-
-
-def checkpoint_cache(lit, data_overrides, work_dir):
+def checkpoint_cache(lit, data_overrides: dict | None, work_dir: str):
+    """(token cache, data options) of a checkpoint's own corpus (or its
+    settings with overrides), tokenized with the tokenizer the checkpoint
+    carries, so the model sees exactly the ids it was trained on."""
+    from rope_lm.config import split_data
     from rope_lm.data import prepare
 
     data_options = {**(lit.hparams.get("data") or {}), **(data_overrides or {})}
@@ -86,5 +145,6 @@ def checkpoint_cache(lit, data_overrides, work_dir):
     data_cfg, source = split_data(data_options)
     cache = prepare(data_cfg, source)
     if cache.vocab_size > lit.model.cfg.vocab_size:
-        raise ConfigError("vocab")
+        raise ConfigError(f"The evaluation tokenizer has {cache.vocab_size} tokens but the model only "
+                          f"{lit.model.cfg.vocab_size}; evaluate with the checkpoint's own tokenizer.")
     return cache, data_options

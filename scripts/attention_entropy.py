@@ -23,6 +23,7 @@ def main(cfg):
     import torch
 
     from rope_lm import diagnostics as D
+    from rope_lm.trained import open_model
 
     logging.basicConfig(level=logging.INFO, format="[%(name)s] %(message)s")
     a = OmegaConf.to_container(cfg, resolve=True)
@@ -30,13 +31,12 @@ def main(cfg):
         raise ConfigError("windows= and buckets= must be positive and length= at least 2.")
 
     scaling = a.get("scaling")
-    lit, ckpt = D.load_model(a["ckpt"], scaling, a["device"])
-    model = lit.model
-    train_len = model.cfg.train_len
+    trained = open_model(a["ckpt"], a["device"], scaling)
+    model, train_len = trained.model, trained.train_len
     T = a["length"] or 4 * train_len
     model.validate_length(T)
-    out = D.output_dir(a["out"], ckpt, "attention_entropy", scaling)
-    stream = D.checkpoint_tokens(lit, a["split"], out)
+    D.output_dir(a["out"], trained.path, "attention_entropy", scaling)
+    stream = D.checkpoint_tokens(trained, a["split"])
     n = a["windows"]
     need = n * T + 1
     if len(stream) < need:
@@ -44,7 +44,9 @@ def main(cfg):
     windows = torch.from_numpy(stream[: n * T].astype("int64")).view(n, T)
     result = D.attention_entropy(model, windows, train_len, buckets=a["buckets"])
     method = getattr(model.scaling, "label", model.scaling.name)
-    result.update(checkpoint=os.path.abspath(ckpt), scheme=model.pos_scheme.name, method=method, split=a["split"])
+    result.update(checkpoint=trained.path, source=trained.source, scheme=model.pos_scheme.name, method=method,
+                  split=a["split"])
+    out = D.make_output_dir(a["out"], trained.path, "attention_entropy", scaling)
     D.save_json(os.path.join(out, "attention_entropy.json"), result)
     D.plot_entropy(result, os.path.join(out, "attention_entropy.png"),
                    f"Attention entropy vs query position — {model.pos_scheme.name} + {method}, trained at {train_len}, "

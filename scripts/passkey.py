@@ -5,7 +5,8 @@ A deterministic prompt per (seed, length, depth, sample): filler text with a
 5-digit key at the depth, then "What is the pass key?"; greedy decoding, the
 first digits of the answer must equal the key. Train with data=passkey for a
 model that can do it at all. Writes passkey.png and passkey.json to out=
-(default: a new <run dir>/diagnostics/passkey[_<scaling>]).
+(default: a new <run dir>/diagnostics/passkey[_<scaling>], made once the
+settings and the model are checked).
 """
 
 import logging
@@ -25,6 +26,7 @@ log = logging.getLogger("rope_lm")
 def main(cfg):
     from rope_lm import diagnostics as D
     from rope_lm import passkey as P
+    from rope_lm.trained import open_model
 
     logging.basicConfig(level=logging.INFO, format="[%(name)s] %(message)s")
     a = OmegaConf.to_container(cfg, resolve=True)
@@ -32,16 +34,15 @@ def main(cfg):
         raise ConfigError(f"batch_size={a['batch_size']} must be at least 1.")
 
     scaling = a.get("scaling")
-    lit, ckpt = D.load_model(a["ckpt"], scaling, a["device"])
-    model = lit.model
-    train_len = model.cfg.train_len
+    trained = open_model(a["ckpt"], a["device"], scaling)
+    model, train_len = trained.model, trained.train_len
     lengths = D.lengths_for(train_len, a["lengths"], a["multipliers"])
-    tokenizer = D.checkpoint_tokenizer(lit)
+    tokenizer = trained.tokenizer()
     shortest = P.min_length(tokenizer, a["instructions"])
     if min(lengths) < shortest:
         raise ConfigError(f"Passkey length {min(lengths)} is shorter than the template needs ({shortest} tokens with this "
                           f"tokenizer{', instructions included' if a['instructions'] else ''}); give longer lengths= or multipliers=.")
-    out = D.output_dir(a["out"], ckpt, "passkey", scaling)
+    D.output_dir(a["out"], trained.path, "passkey", scaling)
 
     def report(cell):
         log.info("passkey length %d depth %g: accuracy %.0f%% (token accuracy %.0f%%)", cell["length"], cell["depth"],
@@ -50,7 +51,8 @@ def main(cfg):
     result = P.evaluate_passkey(model, tokenizer, lengths, a["depths"], a["samples"], a["seed"], a["instructions"],
                                 a["batch_size"], on_cell=report)
     method = getattr(model.scaling, "label", model.scaling.name)
-    result.update(checkpoint=os.path.abspath(ckpt), scheme=model.pos_scheme.name, method=method, train_len=train_len)
+    result.update(checkpoint=trained.path, source=trained.source, scheme=model.pos_scheme.name, method=method, train_len=train_len)
+    out = D.make_output_dir(a["out"], trained.path, "passkey", scaling)
     D.save_json(os.path.join(out, "passkey.json"), result)
     P.plot_passkey(result, os.path.join(out, "passkey.png"), train_len,
                    f"Passkey accuracy — {model.pos_scheme.name} + {method}, trained at {train_len} ({a['samples']} per cell)")

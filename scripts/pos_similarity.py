@@ -25,33 +25,32 @@ MAX_JSON_SIDE = 256  # the JSON keeps the matrix subsampled to at most this many
 @hydra_task
 def main(cfg):
     from rope_lm import diagnostics as D
+    from rope_lm.trained import open_model
 
     args = OmegaConf.to_container(cfg, resolve=True)
     if args["positions"] is not None and args["positions"] < 2:
         raise ConfigError(f"positions={args['positions']} must be at least 2.")
     if args.get("scaling") and not args["ckpt"]:
         raise ConfigError("scaling= applies to a checkpoint's encoding; give ckpt= too.")
-    panels, summary = [], {}
+    panels, summary, ckpt = [], {}, None
     if args["ckpt"]:
-        lit, ckpt = D.load_model(args["ckpt"], args.get("scaling"))
-        model = lit.model
-        train_len = model.cfg.train_len
+        trained = open_model(args["ckpt"], "cpu", args.get("scaling"))
+        model, train_len, ckpt = trained.model, trained.train_len, trained.path
         n = args["positions"] or 4 * train_len
         sim = D.cosine_similarity_matrix(D.checkpoint_position_table(model, n))
         method = getattr(model.scaling, "label", model.scaling.name)
         title = f"{model.pos_scheme.name} ({method}), trained at {train_len}"
         panels.append({"title": title, "matrix": sim, "train_len": train_len})
-        summary["checkpoint"] = {"path": os.path.abspath(ckpt), "scheme": model.pos_scheme.name, "method": method,
+        summary["checkpoint"] = {"path": trained.path, "source": trained.source, "scheme": model.pos_scheme.name, "method": method,
                                  "train_len": train_len, **_summary(D, sim, train_len)}
         dim = model.cfg.d_model
-        out = args["out"] or D.default_out_dir(ckpt, "pos_similarity")
     else:
         n, dim, train_len = args["positions"] or 512, args["dim"], None
-        out = args["out"] or D.fresh_dir(os.path.join("outputs", "diagnostics", "pos_similarity"))
     sin = D.cosine_similarity_matrix(D.sinusoidal_table(n, dim, args["base"]))
     panels.append({"title": f"sinusoidal formula, d={dim}, base {args['base']:g}", "matrix": sin, "train_len": train_len})
     summary["sinusoidal"] = {"dim": dim, "base": args["base"], **_summary(D, sin, train_len)}
-    D.check_out_dir(out)
+    D.output_dir(args["out"], ckpt, "pos_similarity")
+    out = D.make_output_dir(args["out"], ckpt, "pos_similarity")
     D.plot_similarity(panels, os.path.join(out, "pos_similarity.png"))
     D.save_json(os.path.join(out, "pos_similarity.json"), {"positions": n, **summary})
     for name, s in summary.items():

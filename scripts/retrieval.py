@@ -5,7 +5,8 @@ Settings and examples: python scripts/retrieval.py --help (conf/retrieval.yaml).
 
 Writes retrieval_<task>.png (heatmap per task), retrieval.md (accuracy per
 task and length, 95% interval over samples) and retrieval.json to out=
-(default: a new <run dir>/diagnostics/retrieval[_<scaling>]).
+(default: a new <run dir>/diagnostics/retrieval[_<scaling>], made once the
+settings, the model and the prompts are checked).
 """
 
 import logging
@@ -26,7 +27,8 @@ def main(cfg):
     from rope_lm import diagnostics as D
     from rope_lm import passkey as P
     from rope_lm import retrieval as R
-    from rope_lm.report import atomic_write
+    from rope_lm.files import atomic_write
+    from rope_lm.trained import open_model
 
     logging.basicConfig(level=logging.INFO, format="[%(name)s] %(message)s")
     a = OmegaConf.to_container(cfg, resolve=True)
@@ -36,13 +38,12 @@ def main(cfg):
     if a["batch_size"] < 1 or a["samples"] < 1:
         raise ConfigError(f"batch_size={a['batch_size']} and samples={a['samples']} must be at least 1.")
     scaling = a.get("scaling")
-    lit, ckpt = D.load_model(a["ckpt"], scaling, a["device"])
-    model = lit.model
-    train_len = model.cfg.train_len
+    trained = open_model(a["ckpt"], a["device"], scaling)
+    model, train_len = trained.model, trained.train_len
     lengths = D.lengths_for(train_len, a["lengths"], a["multipliers"])
-    out = D.output_dir(a["out"], ckpt, "retrieval", scaling)
-    tokenizer = D.checkpoint_tokenizer(lit)
-    stream = D.checkpoint_tokens(lit, a["split"], os.path.join(out, ".work"), a["data"] or None)
+    D.output_dir(a["out"], trained.path, "retrieval", scaling)
+    tokenizer = trained.tokenizer()
+    stream = D.checkpoint_tokens(trained, a["split"], a["data"] or None)
 
     def report(task, length, depth, accuracy):
         log.info("%s length %d depth %g: accuracy %.0f%%", task, length, depth, 100 * accuracy)
@@ -51,16 +52,17 @@ def main(cfg):
                          a["scoring"], a["batch_size"], a["bootstrap"], on_cell=report)
     method = getattr(model.scaling, "label", model.scaling.name)
     scheme = model.pos_scheme.name
+    out = D.make_output_dir(a["out"], trained.path, "retrieval", scaling)
     for name, r in results.items():
         P.plot_passkey(r, os.path.join(out, f"retrieval_{name}.png"), train_len,
                        f"{name} ({a['scoring']}) — {scheme} + {method}, trained at {train_len} ({a['samples']} per cell)")
     table = R.summary_table(results, train_len)
     head = (f"# Retrieval battery — {scheme} + {method}, trained at {train_len}\n\n"
-            f"Checkpoint {ckpt}; scoring {a['scoring']}; {a['samples']} samples per length x depth cell, "
+            f"Checkpoint {trained.path}; scoring {a['scoring']}; {a['samples']} samples per length x depth cell, "
             f"depths {a['depths']}; accuracy over all depths, 95% bootstrap interval over samples.\n\n")
     atomic_write(os.path.join(out, "retrieval.md"), head + table + "\n")
     D.save_json(os.path.join(out, "retrieval.json"), {
-        "checkpoint": ckpt if ckpt.startswith("hf:") else os.path.abspath(ckpt), "scheme": scheme,
+        "checkpoint": trained.path, "source": trained.source, "scheme": scheme,
         "method": method, "train_len": train_len, "scoring": a["scoring"], "needles": a["needles"],
         "seed": a["seed"], "split": a["split"], "tasks": results})
     print("\n" + table)

@@ -22,6 +22,7 @@ def main(cfg):
     import torch
 
     from rope_lm import diagnostics as D
+    from rope_lm.trained import open_model
 
     a = OmegaConf.to_container(cfg, resolve=True)
     max_distance = a["max_distance"]
@@ -36,21 +37,19 @@ def main(cfg):
             bound = D.rope_decay_bound(D.rope_inv_freq(d, base), distances)
             curves.append({"label": f"base {base:g}, d={d}", "base": base, "head_dim": d, "bound_at_0": float(bound[0]),
                            "distances": distances.tolist(), "bound": bound.tolist()})
-    out = a["out"]
+    ckpt = None
     if a["ckpt"]:
-        lit, ckpt = D.load_model(a["ckpt"], a.get("scaling"))
-        model = lit.model
-        train_len = model.cfg.train_len
+        trained = open_model(a["ckpt"], "cpu", a.get("scaling"))
+        model, train_len, ckpt = trained.model, trained.train_len, trained.path
         inv_freq, factor, label = D.checkpoint_rope_frequencies(model, a["length"] or max_distance)
         # cos and sin carry the attention factor, so the score (and its bound) scales by factor^2
         bound = D.rope_decay_bound(inv_freq, distances) * factor**2
         curves.append({"label": label, "head_dim": 2 * inv_freq.numel(), "attention_factor": factor,
                        "bound_at_0": float(bound[0]), "distances": distances.tolist(), "bound": bound.tolist()})
-        out = out or D.default_out_dir(ckpt, "rope_decay")
     if not curves:
         raise ConfigError("Nothing to plot: give bases= and head_dims=, or ckpt=.")
-    out = out or D.fresh_dir(os.path.join("outputs", "diagnostics", "rope_decay"))
-    D.check_out_dir(out)
+    D.output_dir(a["out"], ckpt, "rope_decay")
+    out = D.make_output_dir(a["out"], ckpt, "rope_decay")
     D.save_json(os.path.join(out, "rope_decay.json"), {"max_distance": max_distance, "train_len": train_len, "curves": curves})
     D.plot_rope_decay(curves, os.path.join(out, "rope_decay.png"), train_len)
     near = min(256, max_distance)

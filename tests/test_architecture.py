@@ -34,6 +34,89 @@ def imports(path: str) -> list[str]:
     return names
 
 
+def module_name(path: str) -> str:
+    name = os.path.relpath(path, ROOT)[: -len(".py")].replace(os.sep, ".")
+    return name[: -len(".__init__")] if name.endswith(".__init__") else name
+
+
+def resolved_imports(path: str) -> set[str]:
+    """Every module a file imports, anywhere in it (lazy, function-level imports
+    and relative imports included), `from package import module` as that module."""
+    tree = ast.parse(open(path, encoding="utf-8").read(), path)
+    name = module_name(path)
+    package = name if path.endswith("__init__.py") else name.rpartition(".")[0]
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(parts + ([node.module] if node.module else []))
+            out.add(base)
+            out |= {f"{base}.{a.name}" for a in node.names if is_module(f"{base}.{a.name}")}
+    return out
+
+
+def import_graph() -> dict[str, set[str]]:
+    """rope_lm module -> the rope_lm modules it imports (an import of a
+    name inside a module counts as an import of that module)."""
+    files = {module_name(f): f for f in modules(LIB)}
+
+    def owner(name):
+        while name and name not in files:
+            name = name.rpartition(".")[0]
+        return name
+
+    return {m: {owner(n) for n in resolved_imports(f) if owner(n) and owner(n) != m} for m, f in files.items()}
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index, low, stack, on_stack, found = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def reachable(graph: dict[str, set[str]], start: str) -> set[str]:
+    """Every rope_lm module importing `start` may run: what it imports, transitively,
+    with the packages each of those sits in (importing a.b runs a/__init__.py)."""
+    seen, todo = set(), [start]
+    while todo:
+        m = todo.pop()
+        if m in seen:
+            continue
+        seen.add(m)
+        parents = [m.rsplit(".", k)[0] for k in range(1, m.count(".") + 1)]
+        todo += [n for n in list(graph[m]) + parents if n in graph]
+    return seen
+
+
 def is_module(name: str) -> bool:
     path = os.path.join(ROOT, *name.split("."))
     return os.path.isfile(path + ".py") or os.path.isdir(path)
@@ -107,3 +190,25 @@ def test_no_entry_point_edits_sys_path(folder):
     files = [os.path.join(where, f) for f in sorted(os.listdir(where)) if f.endswith(".py")]
     bad = [rel(f) for f in files if "sys.path.insert" in open(f).read() or "sys.path.append" in open(f).read()]
     assert bad == []
+
+
+def test_no_import_cycles_lazy_imports_included():
+    """A cycle makes import order matter and hides which layer a module is in;
+    a lazy import inside a function is still an arrow."""
+    graph = import_graph()
+    assert "rope_lm.pipeline" in graph and graph["rope_lm.trained"]  # the graph sees the library
+    found = cycles(graph)
+    detail = [" -> ".join(c) + ": " + "; ".join(f"{m} imports {sorted(graph[m] & set(c))}" for m in c) for c in found]
+    assert found == [], "\n".join(detail)
+
+
+@pytest.mark.parametrize("module", ["rope_lm.corpus", "rope_lm.cache", "rope_lm.encode"])
+def test_the_token_cache_layer_never_imports_torch(module):
+    """A cache build (scripts/prepare_data.py, every rank at start, its worker
+    processes) stays light: nothing it can reach imports torch or Lightning,
+    lazy imports included."""
+    graph = import_graph()
+    files = {module_name(f): f for f in modules(LIB)}
+    heavy = sorted(f"{m} imports {n}" for m in reachable(graph, module) for n in resolved_imports(files[m])
+                   if n.split(".")[0] in ("torch", "lightning", "pytorch_lightning"))
+    assert heavy == []

@@ -27,7 +27,7 @@ def conf(directory, name):
     return cfg
 
 
-def save_tiny_checkpoint(path, cache, data_options, pos=None, train_len=16):
+def save_tiny_checkpoint(path, cache, data_options, pos=None, train_len=16, model=None):
     """A checkpoint as training writes it (LitLM hyper-parameters, weights,
     tokenizer), without training: the diagnostics only need a loadable model."""
     import lightning
@@ -36,7 +36,7 @@ def save_tiny_checkpoint(path, cache, data_options, pos=None, train_len=16):
 
     torch.manual_seed(0)
     optim = {"lr": 1e-3, "min_lr_ratio": 0.1, "warmup_steps": 1, "weight_decay": 0.1, "beta1": 0.9, "beta2": 0.95, "eps": 1e-8}
-    lit = LitLM(model=TINY_MODEL, pos=pos or {"name": "rope"}, scaling={"name": "none"}, optim=optim,
+    lit = LitLM(model=model or TINY_MODEL, pos=pos or {"name": "rope"}, scaling={"name": "none"}, optim=optim,
                 vocab_size=cache.vocab_size, train_len=train_len, max_steps=1, corpus=cache.corpus, data=data_options)
     with open(os.path.join(cache.dir, "tokenizer.json")) as f:
         tokenizer_json = f.read()
@@ -229,13 +229,33 @@ def test_rope_decay_and_similarity_scripts(tiny_ckpt, tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["decay", "sim"]  # no Hydra output folders
 
 
+def test_open_model_is_the_one_door(tiny_ckpt, tmp_path):
+    """rope_lm.trained: a run folder opens its last.ckpt, in eval mode, under another method on
+    request; read_start gives the same checkpoint's parts without a model; a bad source names the setting."""
+    from rope_lm.trained import open_model, read_start
+
+    t = open_model(tiny_ckpt, "cpu", {"name": "yarn", "factor": 2.0})
+    ckpt = os.path.join(tiny_ckpt, "checkpoints", "last.ckpt")
+    assert (t.source, t.path, t.train_len) == (tiny_ckpt, os.path.abspath(ckpt), 16)
+    assert t.model.scaling.name == "yarn" and not t.model.training and t.tokenizer().get_vocab_size() > 0
+    start = read_start(tiny_ckpt)
+    assert start["path"] == ckpt and start["tokenizer_json"] == t.tokenizer_json
+    assert set(start["state_dict"]) == set(t.lit.state_dict()) and start["hyper_parameters"]["train_len"] == 16
+    with pytest.raises(ConfigError, match="init_from= is required"):
+        read_start("", "init_from")
+    with pytest.raises(ConfigError, match="names no model"):
+        open_model("hf:", "cpu")
+    with pytest.raises(ConfigError, match="resume=.*is not a checkpoint file"):
+        open_model(str(tmp_path / "nothing"), "cpu", setting="resume")
+
+
 def test_default_out_dir_is_inside_the_run_and_never_reused(tiny_ckpt):
     ckpt = os.path.join(tiny_ckpt, "checkpoints", "last.ckpt")
     first = D.default_out_dir(ckpt, "probe")
     assert first == os.path.join(tiny_ckpt, "diagnostics", "probe")
     os.makedirs(first)
     try:
-        assert D.default_out_dir(ckpt, "probe") == first + "_2"
+        assert D.default_out_dir(ckpt, "probe") == first + "-2"  # rope_lm.files.fresh_dir, the one numbering style
     finally:
         os.rmdir(first)
 

@@ -331,8 +331,8 @@ def test_export_script_writes_a_trained_checkpoint(tiny_config, tmp_path):
     """train.py's pipeline trains a Llama-shaped rope-lm model under YaRN with
     a fixed factor; scripts/export_hf.py writes it; transformers reloads it
     with the same logits and its tokenizer with the same ids."""
-    from rope_lm.diagnostics import load_checkpoint
     from rope_lm.pipeline import train_and_evaluate
+    from rope_lm.trained import open_model
     from transformers import AutoTokenizer
 
     tiny_config["model"].update({k: v for k, v in LLAMA_SHAPED.items() if k not in ("n_layer", "d_model")},
@@ -344,7 +344,7 @@ def test_export_script_writes_a_trained_checkpoint(tiny_config, tmp_path):
     result = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "export_hf.py"), f"ckpt={tmp_path / 'run'}",
                              f"out={out}"], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
-    lit, _ = load_checkpoint(str(tmp_path / "run"))
+    lit = open_model(str(tmp_path / "run"), "cpu").lit
     theirs = AutoModelForCausalLM.from_pretrained(str(out), attn_implementation="eager").eval()
     idx = torch.randint(0, lit.model.cfg.vocab_size, (1, 40))
     with torch.no_grad():

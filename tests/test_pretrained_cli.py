@@ -74,9 +74,9 @@ def test_evaluate_finetune_export_reload(tiny_llama, tmp_path):
     # Export and reload with transformers: the same logits.
     out = tmp_path / "exported"
     run([f"ckpt={ft}", f"out={out}"], "scripts/export_hf.py")
-    from rope_lm.checkpointing import load_checkpoint
+    from rope_lm.trained import open_model
 
-    lit, _ = load_checkpoint(str(ft))
+    lit = open_model(str(ft), "cpu").lit
     theirs = transformers.AutoModelForCausalLM.from_pretrained(str(out), attn_implementation="eager").eval()
     idx = torch.randint(0, lit.model.cfg.vocab_size, (1, 2 * MAX_POS + 8))
     with torch.no_grad():
@@ -108,3 +108,16 @@ def test_retrieval_battery_on_an_imported_model(tiny_llama, tmp_path):
         assert task["lengths"] == [512] and task["depths"] == [0, 1] and task["samples"] == 2
         assert all(0 <= a <= 1 for row in task["accuracy"] for a in row)
     assert (out / "retrieval_passkey.png").exists() and (out / "retrieval_vartrack.png").exists()
+
+
+def test_passkey_names_an_imported_model_as_the_user_gave_it(tiny_llama, tmp_path):
+    """hf:<folder> is a model name, not a path under the current folder: the
+    result records `hf:<folder>` as given (it once read <cwd>/hf:<folder>)."""
+    directory, _ = tiny_llama
+    given = f"hf:{os.path.relpath(directory, tmp_path)}"
+    done = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "passkey.py"), f"ckpt={given}",
+                           "lengths=[96]", "depths=[0.5]", "samples=1", "out=pk"], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=900, env={**os.environ, "PYTHONPATH": ROOT})
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    result = json.load(open(tmp_path / "pk" / "passkey.json"))
+    assert result["checkpoint"] == given and result["source"] == given

@@ -1,37 +1,72 @@
 """export_hf: a rope-lm model as a transformers directory."""
 
+import fnmatch
 import json
 import os
 
+from rope_lm.errors import ConfigError, write_failure
+from rope_lm.files import atomic_write
 from rope_lm.hf.config import hf_config
 from rope_lm.hf.weights import hf_state_dict
+
+# What marks a folder as holding a transformers model (or its tokenizer): an export never writes over one.
+MODEL_FILES = ("config.json", "*.safetensors", "*.safetensors.index.json", "pytorch_model*.bin", "tokenizer.json",
+               "tokenizer_config.json", "tokenizer.model")
+
+
+def refuse_model_folder(out_dir: str, setting: str = "out"):
+    """ConfigError when out_dir holds a model already, naming its files."""
+    if not os.path.isdir(out_dir):
+        if os.path.exists(out_dir):
+            raise ConfigError(f"{setting}={out_dir} is a file, not a folder; give a new folder to export into.")
+        return
+    held = sorted(f for f in os.listdir(out_dir) if any(fnmatch.fnmatch(f, p) for p in MODEL_FILES))
+    if held:
+        raise ConfigError(f"{setting}={out_dir} already holds a model ({', '.join(held)}); an export never overwrites "
+                          f"another model's files. Give a new folder (or remove these files yourself).")
 
 
 def export_hf(model, tokenizer_json: str | None, out_dir: str) -> dict:
     """Write config.json, model.safetensors and (when given) tokenizer.json
     that transformers.AutoModelForCausalLM.from_pretrained(out_dir) loads
     with the same logits; ConfigError, before writing anything, for a model
-    transformers cannot express. Returns the config written."""
+    transformers cannot express or a folder that holds a model already.
+    Returns the config written."""
+    config = hf_config(model)  # refuses first
+    refuse_model_folder(out_dir)
+    # The weights first and config.json last: a folder cut short by a kill has no config.json, so no loader takes
+    # it for a whole model (and the next export into it is refused by its model.safetensors, not overwritten).
+    _write_weights(hf_state_dict(model), os.path.join(out_dir, "model.safetensors"))
+    if tokenizer_json is not None:
+        atomic_write(os.path.join(out_dir, "tokenizer.json"), tokenizer_json)
+        # AutoTokenizer reads the class from here; the vocabulary is all in tokenizer.json.
+        atomic_write(os.path.join(out_dir, "tokenizer_config.json"),
+                     json.dumps({"tokenizer_class": "PreTrainedTokenizerFast"}))
+    atomic_write(os.path.join(out_dir, "config.json"), json.dumps(config, indent=2))
+    return config
+
+
+def _write_weights(tensors: dict, path: str):
+    """save_file via a temporary name and a rename (the weights can be large: streamed, not held twice in memory)."""
     from safetensors.torch import save_file
 
-    config = hf_config(model)  # refuses first
-    os.makedirs(out_dir, exist_ok=True)
-    with open(os.path.join(out_dir, "config.json"), "w") as f:
-        json.dump(config, f, indent=2)
-    save_file(hf_state_dict(model), os.path.join(out_dir, "model.safetensors"), metadata={"format": "pt"})
-    if tokenizer_json is not None:
-        with open(os.path.join(out_dir, "tokenizer.json"), "w", encoding="utf-8") as f:
-            f.write(tokenizer_json)
-        # AutoTokenizer reads the class from here; the vocabulary is all in tokenizer.json.
-        with open(os.path.join(out_dir, "tokenizer_config.json"), "w") as f:
-            json.dump({"tokenizer_class": "PreTrainedTokenizerFast"}, f)
-    return config
+    tmp = os.path.join(os.path.dirname(os.path.abspath(path)), ".tmp-" + os.path.basename(path))
+    try:
+        os.makedirs(os.path.dirname(tmp), exist_ok=True)
+        save_file(tensors, tmp, metadata={"format": "pt"})
+        os.replace(tmp, path)
+    except OSError as e:
+        raise write_failure(path, e, "") from None
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
 
 
 def export_checkpoint(ckpt: str, out_dir: str) -> dict:
     """export_hf for a rope-lm checkpoint (.ckpt or run directory), with the
-    tokenizer stored in it."""
-    from rope_lm.diagnostics import load_checkpoint
+    tokenizer stored in it; the folder is checked before the model is read."""
+    from rope_lm.trained import open_model
 
-    lit, _ = load_checkpoint(ckpt)
-    return export_hf(lit.model, lit.tokenizer_json, out_dir)
+    refuse_model_folder(out_dir)
+    trained = open_model(ckpt, "cpu")
+    return export_hf(trained.model, trained.tokenizer_json, out_dir)

@@ -7,11 +7,7 @@ pure functions.
 """
 
 from rope_lm.errors import ConfigError
-from rope_lm.registry import Registry
-
-METHODS = Registry("extrapolation method", __name__, "scaling.name")
-
-from rope_lm.scaling.base import ScalingMethod  # noqa: E402
+from rope_lm.scaling.base import METHODS, ScalingMethod, methods_for
 
 
 def build_scaling(options: dict | None) -> ScalingMethod:
@@ -35,10 +31,6 @@ def method_label(options: dict | None) -> str:
         return build_scaling(options).label
     except ConfigError:
         return str((options or {}).get("name", "none"))
-
-
-def methods_for(scheme) -> list[str]:
-    return [n for n in METHODS.names() if METHODS.get(n).applies(scheme)]
 
 
 __all__ = ["METHODS", "ScalingMethod", "build_scaling", "method_label", "methods_for"]

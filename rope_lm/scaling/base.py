@@ -26,6 +26,14 @@ import torch
 from rope_lm.attention import AttnPlan
 from rope_lm.errors import ConfigError
 from rope_lm.frequencies import default_inv_freq
+from rope_lm.registry import Registry
+
+# The registry lives with the interface, so the interface never imports the package that imports it.
+METHODS = Registry("extrapolation method", "rope_lm.scaling", "scaling.name")
+
+
+def methods_for(scheme) -> list[str]:
+    return [n for n in METHODS.names() if METHODS.get(n).applies(scheme)]
 
 
 class ScalingMethod:
@@ -50,8 +58,6 @@ class ScalingMethod:
 
     def check(self, scheme) -> None:
         if not self.applies(scheme):
-            from rope_lm.scaling import methods_for
-
             raise ConfigError(
                 f"Extrapolation method {self.name!r} (setting `scaling`) does not apply to positional "
                 f"scheme {scheme.name!r}, whose family is {scheme.family!r}; it acts on "
@@ -62,8 +68,6 @@ class ScalingMethod:
     def table_extenders(cls) -> list[str]:
         """Names of the installed methods that let a position table serve
         positions past its rows (for a scheme's refusal message)."""
-        from rope_lm.scaling import METHODS
-
         return [n for n in METHODS.names() if METHODS.get(n).extends_position_table]
 
     @classmethod
