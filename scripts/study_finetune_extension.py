@@ -27,7 +27,7 @@ from study_common import check_overrides, compare_and_report, compare_command, e
 @hydra.main(config_path="../conf", config_name="study_finetune_extension", version_base="1.3")
 @hydra_task
 def main(cfg):
-    from rope_lm.checkpointing import load_checkpoint
+    from rope_lm.trained import open_model
 
     a = OmegaConf.to_container(cfg, resolve=True)
     check_overrides(a["train"])
@@ -38,7 +38,8 @@ def main(cfg):
     out = study_dir("finetune_extension", a["out"])
     base = a["base"] or train(os.path.join(out, "base"), "rope_scaling", a["train"])
 
-    lit, ckpt = load_checkpoint(base)
+    opened = open_model(base, "cpu", setting="base")
+    lit, ckpt = opened.lit, opened.path
     L, factor = lit.model.cfg.train_len, a["factor"]
     if lit.model.pos_scheme.family != "rotary":
         raise ConfigError(f"{base} holds a {lit.model.pos_scheme.name!r} model; this study fine-tunes RoPE scaling methods.")

@@ -22,7 +22,7 @@ from study_common import applicable, check_overrides, compare_and_report, compar
 @hydra.main(config_path="../conf", config_name="study_rope_scaling", version_base="1.3")
 @hydra_task
 def main(cfg):
-    from rope_lm.checkpointing import load_checkpoint
+    from rope_lm.trained import open_model
 
     a = OmegaConf.to_container(cfg, resolve=True)
     check_overrides(a["train"])
@@ -31,7 +31,8 @@ def main(cfg):
     out = study_dir("rope_scaling", a["out"])
     run = a["run"] or train(os.path.join(out, "train"), "rope_scaling", a["train"])
 
-    lit, ckpt = load_checkpoint(run)
+    opened = open_model(run, "cpu", setting="run")
+    lit, ckpt = opened.lit, opened.path
     scheme = lit.model.pos_scheme
     if scheme.family != "rotary":
         raise ConfigError(f"{run} holds a {scheme.name!r} model (family {scheme.family!r}); this study is about RoPE scaling methods.")
