@@ -23,6 +23,7 @@ from rope_lm.attention import attention_probs, match_heads
 from rope_lm.errors import ConfigError
 from rope_lm.files import fresh_dir, save_figure, write_json
 from rope_lm.frequencies import inverse_frequencies
+from rope_lm.run_folder import check_writable
 from rope_lm.trained import Trained, checkpoint_cache
 
 
@@ -61,9 +62,8 @@ def output_dir(out: str | None, ckpt: str | None, name: str, scaling: dict | Non
     """Where the results will go: out=, or a new <run dir>/diagnostics/<name>[_<method>];
     checked creatable, not created (make_output_dir does that once the
     inputs are checked, so a refused run leaves no empty folder)."""
-    out = out or default_out_dir(ckpt, _folder_name(name, scaling))
-    check_out_dir(out)
-    return out
+    check_out_dir(out or default_out_dir(ckpt, _folder_name(name, scaling)), given=bool(out))
+    return out or default_out_dir(ckpt, _folder_name(name, scaling))
 
 
 def make_output_dir(out: str | None, ckpt: str | None, name: str, scaling: dict | None = None) -> str:
@@ -94,18 +94,17 @@ def _mkdir(path: str, exist_ok: bool):
         raise ConfigError(f"Cannot create the output directory {path} ({e.strerror}); pass out= a writable place.") from None
 
 
-def check_out_dir(path: str):
+def check_out_dir(path: str, given: bool = False):
     """Refuse, before any work, an output folder that could not be made or
-    written: the folder itself if it exists, else its nearest existing parent."""
-    here = os.path.abspath(path)
-    while not os.path.exists(here):
-        here = os.path.dirname(here)
-    if not os.path.isdir(here):
-        raise ConfigError(f"Cannot create the output directory {path}: {here} is a file, not a folder; "
-                          f"pass out= a writable place.")
-    if not os.access(here, os.W_OK | os.X_OK):
-        raise ConfigError(f"Cannot create the output directory {path}: {here} is not writable; "
-                          f"pass out= a writable place.")
+    written, and (out= given) one that holds results already: a diagnostic
+    never writes over earlier files."""
+    check_writable(path, "out=")
+    if given and os.path.isdir(path):
+        held = sorted(n for n in os.listdir(path) if not n.startswith("."))
+        if held:
+            raise ConfigError(f"out={path} already holds files ({', '.join(held[:4])}{', ...' if len(held) > 4 else ''}); "
+                              f"a diagnostic never writes over earlier results. Give a new folder, or leave out= "
+                              f"unset (a new numbered folder beside the checkpoint's run).")
 
 
 def checkpoint_tokens(trained: Trained, split: str, data_overrides: dict | None = None) -> np.ndarray:

@@ -97,3 +97,18 @@ def test_a_refused_run_leaves_no_folder(run_dir, tmp_path, script_name, args, wo
     before = digest(run_dir)
     one_paragraph(script(script_name, f"ckpt={run_dir}", *args, cwd=tmp_path), 2, *words)
     assert digest(run_dir) == before and os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("script_name,args", [
+    ("passkey.py", ["lengths=[128]", "depths=[0.5]", "samples=1"]),
+    ("retrieval.py", ["tasks=[passkey]", "lengths=[32]", "depths=[0.5]", "samples=1", "bootstrap=0"]),
+])
+def test_a_diagnostic_never_writes_over_a_folder_holding_results(run_dir, tmp_path, script_name, args):
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "passkey.json").write_text('{"kept": true}')
+    (out / "retrieval.json").write_text('{"kept": true}')
+    before = digest(out)
+    done = script(script_name, f"ckpt={run_dir}", *args, f"out={out}", cwd=tmp_path)
+    one_paragraph(done, 2, f"out={out} already holds files", "never writes over earlier results")
+    assert digest(out) == before
