@@ -71,7 +71,8 @@ def ppl_rows(paths: list[str]) -> list[dict]:
 
 def task_rows(paths: list[str]) -> list[dict]:
     """(task, scheme, method, seed, accuracy past the training sizes) per run."""
-    from rope_lm.compare import files_named, load_task_runs
+    from rope_lm.compare import files_named
+    from rope_lm.task_compare import load_task_runs
 
     out = []
     for p in paths:
@@ -88,8 +89,11 @@ def task_rows(paths: list[str]) -> list[dict]:
             out += [{"task": k[0], "scheme": k[1], "method": k[2], "seed": k[3], "accuracy": hit / n}
                     for k, (hit, n) in runs.items()]
         elif os.path.exists(p):
+            runs, unreadable = load_task_runs([p])
+            for note in unreadable:  # the rules say which claims lack their runs
+                log.warning("%s: %s", p, note)
             out += [{"task": r["task"], "scheme": r["scheme"], "method": r["method"], "seed": r.get("seed"),
-                     "accuracy": (r.get("beyond") or {}).get("accuracy")} for r in load_task_runs([p])]
+                     "accuracy": (r.get("beyond") or {}).get("accuracy")} for r in runs]
         else:
             raise ConfigError(f"{p} does not exist (resolved from {os.getcwd()}); give compare_tasks.csv, the folder "
                               f"compare.py wrote, or a scripts/task.py sweep folder.")
