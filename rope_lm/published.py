@@ -17,6 +17,7 @@ import logging
 import os
 
 from rope_lm.errors import ConfigError
+from rope_lm.tables import markdown_table
 
 log = logging.getLogger("rope_lm")
 
@@ -256,13 +257,13 @@ def short_names(paths) -> dict[str, str]:
 
 def markdown(rows: list[dict]) -> str:
     counts = {v: sum(r["verdict"] == v for r in rows) for v in (MATCHED, NOT_MATCHED, NOT_COMPARABLE)}
-    lines = [f"{counts[MATCHED]} matched, {counts[NOT_MATCHED]} not matched, {counts[NOT_COMPARABLE]} not comparable.",
-             "", "| claim | published | ours | rule | verdict |", "|---|---|---|---|---|"]
     names = short_names(p for r in rows if r["results"] for p in r["results"].split(", "))
+    table = []
     for r in rows:
         where = f" ({' + '.join(names[p] for p in r['results'].split(', '))})" if r["results"] else ""
-        lines.append(f"| **{r['id']}**{where}: {r['claim']} | {r['published']} | {r['ours']} | {r['rule']} | "
-                     f"**{r['verdict']}** |")
+        table.append([f"**{r['id']}**{where}: {r['claim']}", r["published"], r["ours"], r["rule"], f"**{r['verdict']}**"])
+    lines = [f"{counts[MATCHED]} matched, {counts[NOT_MATCHED]} not matched, {counts[NOT_COMPARABLE]} not comparable.",
+             "", markdown_table(["claim", "published", "ours", "rule", "verdict"], table)]
     lines += ["", "Sources:", ""]
     for source in dict.fromkeys(r["source"] for r in rows):
         lines.append(f"* {source}")
