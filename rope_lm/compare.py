@@ -76,7 +76,7 @@ class Series:
     reference_self: bool = False  # the reference is this series' own ppl at L_train
     seed: int | None = None
     setting: str = ""  # the run's config without NOT_A_SETTING, and the method: equal for seed replicas
-    settings: dict = field(default_factory=dict)  # the same config as dotted keys, for labels
+    flat_config: dict = field(default_factory=dict)  # the run's config as dotted keys (labels.flat_settings)
 
     def ppl(self, length):
         row = self.rows.get(length)
@@ -264,7 +264,7 @@ def load_run(path: str) -> Run:
     seed = config.get("seed")
     setting = settings_key(config, NOT_A_SETTING)
     run.series = [Series(run_dir=run.dir, scheme=results["scheme"], method=m, train_len=key.train_len, rows=rows,
-                         seed=seed, setting=f"{results['scheme']}|{m}|{setting}", settings=flat_settings(config))
+                         seed=seed, setting=f"{results['scheme']}|{m}|{setting}", flat_config=flat_settings(config))
                   for m, rows in by_method.items()]
     for s in run.series:
         s.reference_ppl = _reference(s, run.series)
@@ -356,7 +356,7 @@ def _label(g: Group):
     """scheme (+ method unless direct); where two series would share a name,
     the settings their runs differ in, else their folders (rope_lm.labels)."""
     bases = [s.scheme if s.method == "none" else f"{s.scheme} + {s.method}" for s in g.series]
-    entries = [(0, base, s.settings, s.run_dir) for base, s in zip(bases, g.series)]
+    entries = [(0, base, s.flat_config, s.run_dir) for base, s in zip(bases, g.series)]
     for s, label in zip(g.series, distinct_labels(entries)):
         s.label = label
 

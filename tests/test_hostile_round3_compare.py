@@ -71,10 +71,23 @@ def test_a_run_and_its_own_evaluation_are_labelled_by_what_differs(tmp_path):
 
 
 def test_the_same_settings_in_a_run_and_its_evaluation_are_named_by_folder(tmp_path):
+    from rope_lm.compare import compare as compare_runs
+
     config = {"eval": {"multipliers": [1, 2]}, "optim": {"lr": 0.002}}
     run = write_run(tmp_path / "run", "rope", config=config)
     ev = write_run(tmp_path / "run" / "eval" / "none", "rope", config={"eval": {"multipliers": [1, 2]}})
-    done = compare(tmp_path, f"paths=[{run},{ev}]", f"out={tmp_path / 'out'}")
-    assert done.returncode == 0, done.stderr
-    labels = {line.split(" | ")[0][2:] for line in done.stdout.splitlines() if line.startswith("| rope")}
-    assert labels == {"rope (run)", "rope (run/eval/none)"}
+    summary = compare_runs([run, ev], str(tmp_path / "out"))
+    assert {s.label for g in summary["groups"] for s in g.series} == {"rope (run)", "rope (run/eval/none)"}
+
+
+def test_a_half_written_task_results_file_does_not_block_the_others(tmp_path):
+    from rope_lm.task_compare import compare_tasks
+    from tests.test_compare import _task_run
+
+    _task_run(tmp_path, "0_copy_rope", "copy", "rope", 1000, 0.5)
+    (tmp_path / "1_copy_alibi").mkdir()
+    (tmp_path / "1_copy_alibi" / "task_results.json").write_text('{"kind": "ta')
+    out = compare_tasks([str(tmp_path)], str(tmp_path / "cmp"))
+    md = open(out["files"]["markdown"]).read()
+    assert [r["scheme"] for r in out["runs"]] == ["rope"]
+    assert "UNREADABLE: `" in md and "1_copy_alibi" in md and "not valid JSON" in md
