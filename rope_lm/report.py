@@ -1,7 +1,6 @@
 """Results as data first (JSON), then views: markdown table, PNG plot, wandb."""
 
 import datetime
-import json
 import math
 import os
 import subprocess
