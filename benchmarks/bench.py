@@ -33,7 +33,8 @@ def _label(name: str) -> str:
 def main(cfg):
     import torch
 
-    from throughput import BenchSettings, run, targets_text
+    from bench_analysis import targets_text
+    from throughput import BenchSettings, run
 
     a = OmegaConf.to_container(cfg, resolve=True)
     train = OmegaConf.to_container(hydra.compose(config_name="config"), resolve=True)

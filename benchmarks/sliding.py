@@ -13,6 +13,7 @@ to that floor the batched implementation comes. The weights are random: throughp
 nor the token values. Settings: python benchmarks/sliding.py --help.
 """
 
+import sys
 import time
 
 import hydra
@@ -30,6 +31,7 @@ def main(cfg):
     from rope_lm.config import typed_dataclass
     from rope_lm.evaluation import EvalConfig, evaluate_lengths
     from rope_lm.model import build_model
+    from rope_lm.tables import markdown_table
 
     a = OmegaConf.to_container(cfg, resolve=True)
     if a["threads"]:
@@ -51,16 +53,17 @@ def main(cfg):
 
     print(f"model {a['model'].get('name')}, {n} target tokens per length, stride {a['stride']}, "
           f"{torch.get_num_threads()} threads, best of {a['repeats']}")
-    print("| L | stream scored tok/s | sliding scored tok/s | slowdown | floor L/stride | "
-          "sliding forward tok/s | forward ratio |")
-    print("|---|---|---|---|---|---|---|")
+    rows = []
     for L in a["lengths"]:
         stream_tps, _, _ = tokens_per_s(L, protocol="stream")
         slide_tps, row, seconds = tokens_per_s(L, protocol="sliding", sliding_stride=a["stride"])
         forward_tps = row["windows"] * L / seconds  # stream: its forward tokens are its scored tokens
         floor = max(1.0, L / a["stride"])
-        print(f"| {L} | {stream_tps:,.0f} | {slide_tps:,.0f} | {stream_tps / slide_tps:.2f}x | {floor:.0f}x | "
-              f"{forward_tps:,.0f} | {stream_tps / forward_tps:.2f}x |", flush=True)
+        rows.append([L, f"{stream_tps:,.0f}", f"{slide_tps:,.0f}", f"{stream_tps / slide_tps:.2f}x", f"{floor:.0f}x",
+                     f"{forward_tps:,.0f}", f"{stream_tps / forward_tps:.2f}x"])
+        print(f"L={L} measured", file=sys.stderr, flush=True)
+    print(markdown_table(["L", "stream scored tok/s", "sliding scored tok/s", "slowdown", "floor L/stride",
+                          "sliding forward tok/s", "forward ratio"], rows))
 
 
 if __name__ == "__main__":

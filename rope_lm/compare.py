@@ -28,9 +28,12 @@ import os
 import re
 
 from rope_lm.errors import ConfigError
-from rope_lm.report import RESULTS_JSON, atomic_write, log_binned
-from rope_lm.run_settings import BOOKKEEPING, TASK_BOOKKEEPING, settings_key, without
+from rope_lm.files import atomic_write, save_figure
+from rope_lm.labels import NOT_A_SETTING, distinct_labels, flat_settings
+from rope_lm.report import RESULTS_JSON, log_binned
+from rope_lm.run_settings import settings_key
 from rope_lm.sweep import job_dirs, sweep_jobs
+from rope_lm.tables import markdown_table
 
 log = logging.getLogger("rope_lm")
 
@@ -40,9 +43,6 @@ CSV_COLUMNS = ["group", "label", "scheme", "method", "seed", "train_len", "lengt
                "protocol", "within_noise_of_best", "corpus", "split", "tokenizer", "run_dir"]
 SEED_COLUMNS = ["group", "label", "scheme", "method", "train_len", "length", "n_seeds", "seeds", "ppl_mean", "ppl_sd",
                 "ppl_min", "ppl_max", "noise_lo", "noise_hi", "per_seed", "within_noise_of_best", "run_dirs"]
-# Seed replicas: runs whose settings are equal once the seed and the bookkeeping
-# (rope_lm.run_settings.BOOKKEEPING, TASK_BOOKKEEPING) are left out.
-NOT_A_SETTING = BOOKKEEPING | TASK_BOOKKEEPING | {"seed"}
 
 
 @dataclass(frozen=True)
@@ -76,6 +76,7 @@ class Series:
     reference_self: bool = False  # the reference is this series' own ppl at L_train
     seed: int | None = None
     setting: str = ""  # the run's config without NOT_A_SETTING, and the method: equal for seed replicas
+    flat_config: dict = field(default_factory=dict)  # the run's config as dotted keys (labels.flat_settings)
 
     def ppl(self, length):
         row = self.rows.get(length)
@@ -243,8 +244,11 @@ def load_run(path: str) -> Run:
         with open(path) as f:
             results = json.load(f)
     except json.JSONDecodeError as e:
-        raise ConfigError(f"{path} is not valid JSON ({e.msg} at line {e.lineno}); the run may have been killed while writing, rerun its evaluation.") from None
-    missing = [k for k in ("train_len", "corpus", "results", "scheme") if k not in results]
+        raise ConfigError(f"{path} is not valid JSON ({e}); the run may have been killed while writing, rerun its evaluation.") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{path} cannot be read ({e}).") from None
+    missing = [k for k in ("train_len", "corpus", "results", "scheme") if k not in results] if isinstance(results, dict) \
+        else ["train_len", "corpus", "results", "scheme"]
     if missing or not isinstance(results.get("corpus"), dict) or "fingerprint" not in results["corpus"]:
         raise ConfigError(f"{path} is not a rope-lm results file (it lacks {', '.join(missing) or 'corpus.fingerprint'}).")
     key = GroupKey(fingerprint=str(results["corpus"]["fingerprint"]),
@@ -260,7 +264,7 @@ def load_run(path: str) -> Run:
     seed = config.get("seed")
     setting = settings_key(config, NOT_A_SETTING)
     run.series = [Series(run_dir=run.dir, scheme=results["scheme"], method=m, train_len=key.train_len, rows=rows,
-                         seed=seed, setting=f"{results['scheme']}|{m}|{setting}")
+                         seed=seed, setting=f"{results['scheme']}|{m}|{setting}", flat_config=flat_settings(config))
                   for m, rows in by_method.items()]
     for s in run.series:
         s.reference_ppl = _reference(s, run.series)
@@ -284,26 +288,35 @@ def _reference(s: Series, siblings: list[Series]) -> float | None:
 
 def load_runs(paths: list[str]) -> tuple[list[Run], list[str]]:
     """The runs with at least one evaluated length, and a note on every job
-    that is not complete: failed (and why), interrupted, half-evaluated, or
-    stopped before writing results. None is dropped silently."""
-    runs, skipped = [], []
+    that is not complete: failed (and why), interrupted, half-evaluated,
+    stopped before writing results, or with a results.json that cannot be
+    read (half-written by a killed process, or not rope-lm's). None is
+    dropped silently, and one bad file never hides the others."""
+    runs, notes = [], {}
     states = {j["dir"]: j for j in sweep_jobs(paths)}
     for d, job in states.items():
         if job["state"] != "complete":
-            skipped.append(f"{job['state'].upper()}: `{_short(d)}`: {job['detail']}")
+            notes[d] = f"{job['state'].upper()}: `{_short(d)}`: {job['detail']}"
     for p in find_results(paths):
-        job = states.get(os.path.dirname(p))
+        d = os.path.dirname(p)
+        job = states.get(d)
         if job is not None and job["state"] == "failed":
-            continue  # listed with its error above; an unreadable results.json is an error of its own
-        run = load_run(p)
+            continue  # listed with its error above
+        try:
+            run = load_run(p)
+        except ConfigError as e:
+            notes[d] = f"UNREADABLE: `{_short(d)}`: {e}"
+            continue
         if run.series:
             runs.append(run)
         elif job is None:
             status = run.results.get("status", "no status")
-            skipped.append(f"{os.path.dirname(p)}: no evaluated lengths ({status})")
+            notes[d] = f"{d}: no evaluated lengths ({status})"
+    skipped = list(notes.values())
     if not runs:
-        raise ConfigError(f"None of the {len(skipped)} results file(s) holds an evaluated length yet "
-                          f"({'; '.join(skipped[:3])}); wait for the runs to finish or rerun their evaluation.")
+        raise ConfigError(f"None of the {len(skipped)} results file(s) is readable and holds an evaluated length yet "
+                          f"({'; '.join(skipped[:3])}{' ...' if len(skipped) > 3 else ''}); wait for the runs to "
+                          f"finish or rerun their evaluation.")
     return runs, skipped
 
 
@@ -340,41 +353,12 @@ def _from_here(path: str) -> str:
 
 
 def _label(g: Group):
-    """scheme (+ method unless direct); the run directory is added where two
-    series would otherwise share a name."""
-    for s in g.series:
-        s.label = s.scheme if s.method == "none" else f"{s.scheme} + {s.method}"
-    counts = {}
-    for s in g.series:
-        counts[s.label] = counts.get(s.label, 0) + 1
-    dirs = [s.run_dir for s in g.series]
-    root = os.path.commonpath(dirs) if len(set(dirs)) > 1 else os.path.dirname(dirs[0])
-    for label in [l for l, n in counts.items() if n > 1]:
-        same = [s for s in g.series if s.label == label]
-        # Runs of one scheme that differ in settings (a budget sweep: trainer.max_steps=600,2000) are named by
-        # those settings; seed replicas, which differ in nothing else, by their folders.
-        flat = [_flatten(json.loads(s.setting.split("|", 2)[2])) for s in same]
-        keys = [k for k in _differing_keys(flat) if not k.startswith(("ckpt_path", "init_from", "existing"))]
-        for s, f in zip(same, flat):
-            shown = ", ".join(f"{k}={f.get(k)}" for k in keys)
-            s.label += f" ({shown})" if shown and len({json.dumps([f.get(k) for k in keys]) for f in flat}) == len(same) \
-                else f" ({os.path.relpath(s.run_dir, root)})"
-
-
-def _differing_keys(flat: list[dict]) -> list[str]:
-    """The (flattened) keys whose values are not the same in every config."""
-    return sorted(k for k in set().union(*flat) if len({json.dumps(f.get(k), sort_keys=True, default=str)
-                                                        for f in flat}) > 1)
-
-
-def _flatten(d, prefix: str = "") -> dict:
-    out = {}
-    for k, v in (d or {}).items():
-        if isinstance(v, dict):
-            out.update(_flatten(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
+    """scheme (+ method unless direct); where two series would share a name,
+    the settings their runs differ in, else their folders (rope_lm.labels)."""
+    bases = [s.scheme if s.method == "none" else f"{s.scheme} + {s.method}" for s in g.series]
+    entries = [(0, base, s.flat_config, s.run_dir) for base, s in zip(bases, g.series)]
+    for s, label in zip(g.series, distinct_labels(entries)):
+        s.label = label
 
 
 # --- views ----------------------------------------------------------------------
@@ -418,12 +402,10 @@ def markdown(groups: list[Group], skipped: list[str], title: str) -> str:
     out = [f"# {title}", ""]
     for n, g in enumerate(groups, 1):
         lengths, L0 = g.lengths, g.key.train_len
-        head = "| run | " + " | ".join(f"{L} ({L / L0:g}×)" for L in lengths) + " |"
-        sep = "|---" * (len(lengths) + 1) + "|"
+        columns = ["run"] + [f"{L} ({L / L0:g}×)" for L in lengths]
 
-        def table(value):
-            return "\n".join([head, sep] + [f"| {s.label} | " + " | ".join(_fmt(value(s, L)) for L in lengths) + " |"
-                                            for s in g.series])
+        def table(cell):
+            return markdown_table(columns, [[s.label] + [cell(s, L) for L in lengths] for s in g.series])
 
         # Under the documents protocol each length scores its own number of tokens; only a
         # difference between runs at the same length means they scored different amounts of text.
@@ -435,10 +417,6 @@ def markdown(groups: list[Group], skipped: list[str], title: str) -> str:
         if len(tokens) > 1:
             out += [f"**Note:** the runs scored different numbers of target tokens ({', '.join(map(str, tokens))}): "
                     f"the same test text, but not the same amount of it.", ""]
-        def table_ci(value):
-            return "\n".join([head, sep] + [f"| {s.label} | " + " | ".join(value(s, L) for L in lengths) + " |"
-                                            for s in g.series])
-
         def ppl_cell(s, L):
             row = s.rows.get(L) or {}
             return _with_ci(s.ppl(L), row.get("ppl_lo"), row.get("ppl_hi"))
@@ -447,21 +425,21 @@ def markdown(groups: list[Group], skipped: list[str], title: str) -> str:
         out += ["### PPL", ""]
         if has_ci:
             out += ["Brackets: 95% bootstrap interval of each run's evaluation.", ""]
-        out += [table_ci(ppl_cell), "",
+        out += [table(ppl_cell), "",
                 f"### PPL relative to the same run's PPL at L_train = {L0}", "",
                 "1.00 = as good as inside the training length; above 1 = worse.", "",
-                table_ci(lambda s, L: _with_ci(_rel(s, L), *_rel_ci(s, L))), "",
+                table(lambda s, L: _with_ci(_rel(s, L), *_rel_ci(s, L))), "",
                 f"### PPL of tokens at positions ≥ {L0} (past the training length)", "",
-                table(lambda s, L: s.rows[L].get("ppl_beyond") if L in s.rows else None), ""]
-        out += _seed_section(g, lengths, head, sep)
+                table(lambda s, L: _fmt(s.rows[L].get("ppl_beyond") if L in s.rows else None)), ""]
+        out += _seed_section(g, lengths, columns)
         out += _noise_section(g, lengths)
     if skipped:
-        out += ["## Jobs not complete (shown above only where some lengths were evaluated)", ""]
+        out += ["## Jobs not complete or not readable (shown above only where some lengths were evaluated)", ""]
         out += [f"- {s}" for s in skipped] + [""]
     return "\n".join(out)
 
 
-def _seed_section(g: Group, lengths: list[int], head: str, sep: str) -> list[str]:
+def _seed_section(g: Group, lengths: list[int], columns: list[str]) -> list[str]:
     aggs = g.seed_aggregates()
     if not aggs:
         return []
@@ -472,7 +450,7 @@ def _seed_section(g: Group, lengths: list[int], head: str, sep: str) -> list[str
 
     out = ["### PPL across seeds (mean ± sd)", "",
            "Runs that differ only in `seed`; sd across seeds (n − 1 in the denominator).", "",
-           head, sep] + [f"| {a.label} | " + " | ".join(cell(a, L) for L in lengths) + " |" for a in aggs] + [""]
+           markdown_table(columns, [[a.label] + [cell(a, L) for L in lengths] for a in aggs]), ""]
     for a in aggs:
         per = "; ".join(f"{L}: " + ", ".join(f"seed {k} {_fmt(v)}" for k, v in a.values(L).items())
                         for L in lengths if a.values(L))
@@ -565,22 +543,6 @@ def _styles(series: list[Series]):
     return out
 
 
-def _save(fig, path: str):
-    """Write the figure as a 256-colour PNG: line plots use a few dozen
-    colours, and the palette makes the file a third of the size, small enough
-    to commit next to a results page."""
-    from PIL import Image
-
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
-    buf.seek(0)
-    with Image.open(buf) as im:
-        small = im.convert("RGB").quantize(colors=256, method=Image.Quantize.MEDIANCUT)
-    tmp = path + ".tmp.png"
-    small.save(tmp, optimize=True)
-    os.replace(tmp, path)
-
-
 def _group_plot(g: Group, path: str, heading: str, xlabel: str, ylabel: str, draw, ylog: bool = False):
     """One figure for a group: draw(ax, series, colour, dash) per series, then
     the L_train line, log-2 x axis, labels, legend outside, and the PNG."""
@@ -602,7 +564,7 @@ def _group_plot(g: Group, path: str, heading: str, xlabel: str, ylabel: str, dra
         ax.set_title(f"{heading} — {g.key.describe()}", fontsize=10)
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
-        _save(fig, path)
+        save_figure(fig, path, palette=True)
     finally:
         plt.close(fig)
 
@@ -721,153 +683,7 @@ def log_to_wandb(summary: dict, project: str | None = None, group: str | None = 
     return offline_dir
 
 
-# --- synthetic-task results (rope_lm.task_run) ----------------------------------------
-
-TASK_COLUMNS = ["task", "label", "scheme", "method", "seed", "train_max", "sizes", "inside", "max_tokens", "n", "accuracy",
-                "accuracy_lo", "accuracy_hi", "token_accuracy", "run_dir"]
-
-
 def has_results(paths: list[str]) -> bool:
     """Whether any results.json (a perplexity run) is named or lies under paths."""
     return any(os.path.basename(p) == RESULTS_JSON if os.path.isfile(p) else
                os.path.isdir(p) and files_named(p, RESULTS_JSON) for p in paths)
-
-
-def find_task_results(paths: list[str]) -> list[str]:
-    """task_results.json files named directly or found (recursively) under directories."""
-    from rope_lm.task_run import TASK_JSON
-
-    found = []
-    for p in paths:
-        if os.path.isfile(p) and os.path.basename(p) == TASK_JSON:
-            found.append(os.path.abspath(p))
-        elif os.path.isdir(p):
-            found += files_named(p, TASK_JSON)
-    return list(dict.fromkeys(found))
-
-
-def load_task_runs(paths: list[str]) -> list[dict]:
-    runs = []
-    for p in find_task_results(paths):
-        try:
-            with open(p) as f:
-                r = json.load(f)
-        except json.JSONDecodeError as e:
-            raise ConfigError(f"{p} is not valid JSON ({e.msg} at line {e.lineno}); rerun that task.") from None
-        if r.get("kind") != "task" or "buckets" not in r:
-            raise ConfigError(f"{p} is not a rope-lm task results file (no kind: task / buckets).")
-        r["run_dir"] = os.path.dirname(p)
-        runs.append(r)
-    return runs
-
-
-def _task_labels(runs: list[dict]) -> dict[str, str]:
-    """run_dir -> scheme (+ method, + seed when several); where two runs of one
-    task would share a name (a budget sweep: train.steps=1000,4000), every run
-    of that name gets the settings they differ in, else its folder."""
-    seeds = len({r.get("seed") for r in runs}) > 1
-    out = {}
-    for r in runs:
-        label = r["scheme"] + ("" if r["method"] == "none" else f" + {r['method']}")
-        out[r["run_dir"]] = label + (f" (seed {r['seed']})" if seeds else "")
-
-    def clashes():
-        groups = {}
-        for r in runs:
-            groups.setdefault((r["task"], out[r["run_dir"]]), []).append(r)
-        return [rs for rs in groups.values() if len(rs) > 1]
-
-    flat = {r["run_dir"]: _flatten(without(r.get("config") or {}, NOT_A_SETTING)) for r in runs}
-    shown = {}
-    for same in clashes():
-        shown.setdefault(out[same[0]["run_dir"]], set()).update(_differing_keys([flat[r["run_dir"]] for r in same]))
-    for r in runs:
-        keys = sorted(shown.get(out[r["run_dir"]], ()))
-        if keys:
-            out[r["run_dir"]] += " (" + ", ".join(f"{k}={flat[r['run_dir']].get(k)}" for k in keys) + ")"
-    for same in clashes():  # the same settings in two folders
-        for r in same:
-            out[r["run_dir"]] += f" ({os.path.basename(r['run_dir'])})"
-    return out
-
-
-def _natural(text: str) -> list:
-    """Sort key that puts train.steps=4000 before train.steps=10000."""
-    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", text)]
-
-
-def _by_task(runs: list[dict], labels: dict[str, str]) -> dict[str, list[dict]]:
-    out = {}
-    for r in sorted(runs, key=lambda r: (r["task"], r["scheme"], r["method"], _natural(labels[r["run_dir"]]))):
-        out.setdefault(r["task"], []).append(r)
-    return out
-
-
-def task_table(runs: list[dict]) -> str:
-    """One row per task, one column per scheme (+ method): exact match inside
-    the training sizes / past them, each with its 95% interval below."""
-    from rope_lm.task_run import fmt_acc
-
-    names = _task_labels(runs)
-    ordered = sorted(runs, key=lambda r: (r["scheme"], r["method"], _natural(names[r["run_dir"]])))
-    labels = list(dict.fromkeys(names[r["run_dir"]] for r in ordered))
-    lines = ["| task (train sizes → tested) | " + " | ".join(labels) + " |", "|---|" + "---|" * len(labels)]
-    for task, rs in _by_task(runs, names).items():
-        cells = {names[r["run_dir"]]: r for r in rs}
-        first = rs[0]
-        head = f"{task} ({first['train_sizes'][0]}-{first['train_sizes'][1]} → {first['test_max']})"
-        lines.append(f"| {head} | " + " | ".join(
-            f"{fmt_acc(cells[l].get('inside'))} / {fmt_acc(cells[l].get('beyond'))}" if l in cells else "—"
-            for l in labels) + " |")
-    return "\n".join(lines)
-
-
-def task_summary(root: str) -> str | None:
-    """The inside / beyond table of every task run under root, written to
-    <root>/tasks.md; None when there is none."""
-    runs = load_task_runs([root])
-    if not runs:
-        return None
-    text = ("Exact match inside the training sizes / past them (95% bootstrap interval over instances), "
-            f"{len(runs)} runs under {_short(root)}:\n\n" + task_table(runs) + "\n")
-    atomic_write(os.path.join(root, "tasks.md"), text)
-    return text
-
-
-def compare_tasks(paths: list[str], out_dir: str, title: str | None = None) -> dict:
-    """compare_tasks.md (summary table, then accuracy per size bucket across
-    runs for each task), compare_tasks.csv and accuracy_vs_length_<task>.png."""
-    from rope_lm.task_run import fmt_acc, plot_accuracy
-
-    runs = load_task_runs(paths)
-    if not runs:
-        raise ConfigError(f"No task_results.json under {', '.join(paths)}: point compare at scripts/task.py runs.")
-    os.makedirs(out_dir, exist_ok=True)
-    title = title or "Length generalization on synthetic tasks"
-    names = _task_labels(runs)
-    md = [f"# {title}", "", "Exact match inside / past the training sizes:", "", task_table(runs), ""]
-    rows, plots = [], []
-    for task, rs in _by_task(runs, names).items():
-        train_max = {r["train_sizes"][1] for r in rs}
-        if len(train_max) > 1:
-            md += [f"**{task}**: runs trained on different sizes ({sorted(train_max)}) are tabulated but not "
-                   f"plotted together.", ""]
-        bucket_labels = list(dict.fromkeys(b["label"] for r in rs for b in r["buckets"]))
-        md += [f"## {task}", "", "| run | " + " | ".join(bucket_labels) + " |", "|---|" + "---|" * len(bucket_labels)]
-        for r in rs:
-            by = {b["label"]: b for b in r["buckets"]}
-            md.append(f"| {names[r['run_dir']]} | " + " | ".join(fmt_acc(by.get(l)) for l in bucket_labels) + " |")
-            rows += [{"task": task, "label": names[r["run_dir"]], "scheme": r["scheme"], "method": r["method"],
-                      "seed": r.get("seed"),
-                      "train_max": r["train_sizes"][1], "sizes": b["label"], "run_dir": r["run_dir"],
-                      **{c: b.get(c) for c in TASK_COLUMNS if c in b and c not in ("sizes", "label")}} for b in r["buckets"]]
-        md.append("")
-        if len(train_max) == 1:
-            png = os.path.join(out_dir, f"accuracy_vs_length_{task}.png")
-            plot_accuracy([dict(r, label=names[r["run_dir"]]) for r in rs], png, f"{title}: {task}")
-            plots.append(png)
-    files = {"markdown": os.path.join(out_dir, "compare_tasks.md"), "csv": os.path.join(out_dir, "compare_tasks.csv"),
-             "plots": plots}
-    atomic_write(files["markdown"], "\n".join(md))
-    atomic_write(files["csv"], to_csv(rows, TASK_COLUMNS))
-    return {"out_dir": out_dir, "files": files, "runs": runs, "rows": rows}

@@ -112,11 +112,6 @@ def split_by_hash(hashes: np.ndarray, valid_fraction: float, test_fraction: floa
     return masks
 
 
-def assign_splits(keys: list[str], valid_fraction: float, test_fraction: float) -> dict[str, list[int]]:
-    masks = split_by_hash(np.array([_stable_hash(k) for k in keys], dtype=np.uint64), valid_fraction, test_fraction)
-    return {s: np.flatnonzero(masks & SPLIT_BITS[s]).tolist() for s in SPLITS}
-
-
 def _doc_start_re(doc_start: str):
     return re.compile(f"(?m)^(?:{doc_start})")
 

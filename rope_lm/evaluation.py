@@ -283,11 +283,6 @@ def _stream(model, stream, L, n, train_len, batch_tokens, buckets, tick=None):
     return row, units
 
 
-def ppl_at_length(model, stream: np.ndarray, L: int, n: int, train_len: int, batch_tokens: int, buckets: int) -> dict:
-    """ppl@L under the stream protocol (module docstring)."""
-    return _stream(model, stream, L, n, train_len, batch_tokens, buckets)[0]
-
-
 def sliding_windows(n: int, L: int, stride: int) -> tuple[np.ndarray, np.ndarray]:
     """(first input index, first scored position) of every window that scores
     targets 0 .. n-1 once each: the first window scores its min(n, L) targets,
@@ -340,14 +335,6 @@ def _sliding(model, stream, L, n, stride, train_len, batch_tokens, buckets, tick
         torch.zeros(n_blocks, dtype=torch.float64).index_add_(0, block[beyond], d[beyond]).numpy(),
         np.bincount(block[beyond].numpy(), minlength=n_blocks), np.minimum(keys + L, n))
     return row, units, target_loss
-
-
-def sliding_window_ppl(model, stream: np.ndarray, L: int, n: int, stride: int, batch_tokens: int,
-                       train_len: int | None = None, buckets: int = 32) -> dict:
-    """Each of the n target tokens scored once with up to L tokens of context,
-    many windows per forward pass (module docstring, sliding)."""
-    row = _sliding(model, stream, L, n, stride, train_len or L, batch_tokens, buckets)[0]
-    return row
 
 
 def _documents(model, stream, L, docs: np.ndarray, plan: DocumentPlan, train_len, batch_tokens, buckets, tick=None):

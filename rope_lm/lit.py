@@ -1,6 +1,6 @@
 """The LightningModule: loss, optimizer, schedule, logging."""
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 import logging
 import math
 import time
@@ -18,9 +18,11 @@ log = logging.getLogger("rope_lm")
 
 @dataclass
 class OptimConfig:
-    lr: float = 1e-3
+    # The defaults of a train run: conf/config.yaml's optim block repeats them for Hydra (its overrides and
+    # --help need the keys there), and tests/test_optimizer.py holds the two equal.
+    lr: float = 2e-3
     min_lr_ratio: float = 0.1
-    warmup_steps: int = 100
+    warmup_steps: int = 50
     weight_decay: float = 0.1
     beta1: float = 0.9
     beta2: float = 0.95
@@ -38,6 +40,14 @@ class OptimConfig:
             )
 
 
+def logged_step(trainer) -> int:
+    """The step under which Lightning logs the metrics of the training step
+    in progress. Lightning has no public name for it (its own
+    LearningRateMonitor reads the same loop attribute); tests/test_lit_lightning.py
+    fails when that attribute or its meaning changes."""
+    return trainer.fit_loop.epoch_loop._batches_that_stepped
+
+
 def warmup_cosine(step: int, warmup: int, total: int, min_ratio: float) -> float:
     """LR multiplier: linear warmup to 1, cosine decay to min_ratio at `total`."""
     if step < warmup:
@@ -47,13 +57,15 @@ def warmup_cosine(step: int, warmup: int, total: int, min_ratio: float) -> float
 
 
 class LitLM(L.LightningModule):
-    def __init__(self, model: dict, pos: dict, scaling: dict | None, optim: dict, vocab_size: int,
+    def __init__(self, model: dict, pos: dict, scaling: dict | None, optim: OptimConfig | dict, vocab_size: int,
                  train_len: int, max_steps: int, corpus: dict | None = None, data: dict | None = None,
                  compile: bool = False, skip_nonfinite: int = 0, tuned_len: int | None = None):
         super().__init__()
-        self.save_hyperparameters()
-        self.optim = OptimConfig(**optim)
+        # A dict: how checkpoints hold it (plain values, readable without this class), and how they give it back.
+        self.optim = optim if isinstance(optim, OptimConfig) else OptimConfig(**optim)
         self.optim.validate()
+        self.save_hyperparameters(ignore=["optim"])
+        self.save_hyperparameters({**self.hparams, "optim": asdict(self.optim)})
         self.model = build_model(model, pos, scaling, vocab_size, train_len, tuned_len)
         self.max_steps = max_steps
         self.skips_left = skip_nonfinite
@@ -105,7 +117,7 @@ class LitLM(L.LightningModule):
         if not finite:
             return self._nonfinite(loss)
         self.log("train/loss", loss, prog_bar=True)
-        self._pending_row = (self.trainer.fit_loop.epoch_loop._batches_that_stepped, loss.detach())
+        self._pending_row = (logged_step(self.trainer), loss.detach())
         return loss
 
     def _nonfinite(self, loss):
@@ -141,7 +153,8 @@ class LitLM(L.LightningModule):
             sched = config.scheduler  # LambdaLR: lr = base_lr * lambda(step), as its own step() computes it
             for group, base, factor in zip(sched.optimizer.param_groups, sched.base_lrs, sched.lr_lambdas):
                 group["lr"] = base * factor(self.global_step)
-            sched._last_lr = [group["lr"] for group in sched.optimizer.param_groups]
+            # get_last_lr() keeps the restored value until the scheduler's next step() recomputes it from the
+            # groups; nothing reads it before then (LearningRateMonitor reads the groups).
         if self._restored_row is not None and self.logger is not None:
             from rope_lm.loggers import restore_row
 

@@ -17,6 +17,7 @@ import logging
 import os
 
 from rope_lm.errors import ConfigError
+from rope_lm.tables import markdown_table
 
 log = logging.getLogger("rope_lm")
 
@@ -71,7 +72,8 @@ def ppl_rows(paths: list[str]) -> list[dict]:
 
 def task_rows(paths: list[str]) -> list[dict]:
     """(task, scheme, method, seed, accuracy past the training sizes) per run."""
-    from rope_lm.compare import files_named, load_task_runs
+    from rope_lm.compare import files_named
+    from rope_lm.task_compare import load_task_runs
 
     out = []
     for p in paths:
@@ -88,8 +90,11 @@ def task_rows(paths: list[str]) -> list[dict]:
             out += [{"task": k[0], "scheme": k[1], "method": k[2], "seed": k[3], "accuracy": hit / n}
                     for k, (hit, n) in runs.items()]
         elif os.path.exists(p):
+            runs, unreadable = load_task_runs([p])
+            for note in unreadable:  # the rules say which claims lack their runs
+                log.warning("%s: %s", p, note)
             out += [{"task": r["task"], "scheme": r["scheme"], "method": r["method"], "seed": r.get("seed"),
-                     "accuracy": (r.get("beyond") or {}).get("accuracy")} for r in load_task_runs([p])]
+                     "accuracy": (r.get("beyond") or {}).get("accuracy")} for r in runs]
         else:
             raise ConfigError(f"{p} does not exist (resolved from {os.getcwd()}); give compare_tasks.csv, the folder "
                               f"compare.py wrote, or a scripts/task.py sweep folder.")
@@ -252,13 +257,13 @@ def short_names(paths) -> dict[str, str]:
 
 def markdown(rows: list[dict]) -> str:
     counts = {v: sum(r["verdict"] == v for r in rows) for v in (MATCHED, NOT_MATCHED, NOT_COMPARABLE)}
-    lines = [f"{counts[MATCHED]} matched, {counts[NOT_MATCHED]} not matched, {counts[NOT_COMPARABLE]} not comparable.",
-             "", "| claim | published | ours | rule | verdict |", "|---|---|---|---|---|"]
     names = short_names(p for r in rows if r["results"] for p in r["results"].split(", "))
+    table = []
     for r in rows:
         where = f" ({' + '.join(names[p] for p in r['results'].split(', '))})" if r["results"] else ""
-        lines.append(f"| **{r['id']}**{where}: {r['claim']} | {r['published']} | {r['ours']} | {r['rule']} | "
-                     f"**{r['verdict']}** |")
+        table.append([f"**{r['id']}**{where}: {r['claim']}", r["published"], r["ours"], r["rule"], f"**{r['verdict']}**"])
+    lines = [f"{counts[MATCHED]} matched, {counts[NOT_MATCHED]} not matched, {counts[NOT_COMPARABLE]} not comparable.",
+             "", markdown_table(["claim", "published", "ours", "rule", "verdict"], table)]
     lines += ["", "Sources:", ""]
     for source in dict.fromkeys(r["source"] for r in rows):
         lines.append(f"* {source}")

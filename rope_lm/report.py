@@ -1,12 +1,12 @@
 """Results as data first (JSON), then views: markdown table, PNG plot, wandb."""
 
 import datetime
-import json
 import math
 import os
 import subprocess
 
-from rope_lm.files import atomic_write, write_json
+from rope_lm import tables
+from rope_lm.files import atomic_write, save_figure, write_json
 
 RESULTS_JSON = "results.json"
 RESULTS_MD = "results.md"
@@ -99,14 +99,11 @@ def markdown_table(results: dict) -> str:
     lengths = sorted({r["length"] for r in rows})
     train_len = results["train_len"]
     by = {(r["method"], r["length"]): r for r in rows}
-    head = "| method | " + " | ".join(f"{L} ({L / train_len:g}×)" for L in lengths) + " |"
-    sep = "|---" * (len(lengths) + 1) + "|"
+    columns = ["method"] + [f"{L} ({L / train_len:g}×)" for L in lengths]
 
     def table(key, cell=_fmt_ci):
-        lines = [head, sep]
-        for m in methods:
-            lines.append(f"| {m} | " + " | ".join(cell(by[(m, L)], key) if (m, L) in by else "" for L in lengths) + " |")
-        return "\n".join(lines)
+        return tables.markdown_table(columns, [[m] + [cell(by[(m, L)], key) if (m, L) in by else "" for L in lengths]
+                                               for m in methods])
 
     out = [
         f"# Perplexity vs evaluation length — {results['scheme']}, trained at L={train_len}",
@@ -181,12 +178,10 @@ def plot(results: dict, path: str):
     ax2.set_ylabel("mean token loss (nats)")
     ax2.set_title("per-position loss, longest window")
     fig.tight_layout()
-    import io
-
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110)
-    plt.close(fig)
-    atomic_write(path, buf.getvalue())
+    try:
+        save_figure(fig, path)
+    finally:
+        plt.close(fig)
 
 
 def write_views(results: dict, out_dir: str, draw: bool = True):

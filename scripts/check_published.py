@@ -15,7 +15,7 @@ from rope_lm.cli import hydra_task
 @hydra_task
 def main(cfg):
     from rope_lm.published import check_claims, markdown, to_json
-    from rope_lm.report import atomic_write
+    from rope_lm.files import atomic_write
 
     a = OmegaConf.to_container(cfg, resolve=True)
     rows = check_claims(a["claims"], a["studies"])

@@ -22,7 +22,8 @@ from rope_lm.errors import ConfigError
 @hydra.main(config_path="../conf", config_name="compare", version_base="1.3")
 @hydra_task
 def main(cfg):
-    from rope_lm.compare import compare, compare_tasks, default_out, find_task_results, has_results, log_to_wandb
+    from rope_lm.compare import compare, default_out, has_results, log_to_wandb
+    from rope_lm.task_compare import compare_tasks, find_task_results
 
     logging.basicConfig(level=logging.INFO, format="[%(name)s] %(message)s")
     a = OmegaConf.to_container(cfg, resolve=True)

@@ -22,7 +22,7 @@ _SWEEPS: set = set()
 
 
 def summarize(sweep_dir: str):
-    from rope_lm.compare import task_summary
+    from rope_lm.task_compare import task_summary
 
     table = task_summary(sweep_dir)
     if table:

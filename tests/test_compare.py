@@ -462,7 +462,7 @@ def _task_run(tmp_path, folder, task, scheme, steps, hit):
 
 
 def test_task_runs_of_one_scheme_at_two_budgets_keep_both_rows_named_by_the_budget(tmp_path):
-    from rope_lm.compare import compare_tasks
+    from rope_lm.task_compare import compare_tasks
 
     _task_run(tmp_path, "0_copy_rope", "copy", "rope", 1000, 0.25)
     _task_run(tmp_path, "1_copy_rope", "copy", "rope", 10000, 0.75)

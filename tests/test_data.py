@@ -7,7 +7,7 @@ import os
 import numpy as np
 import pytest
 
-from rope_lm.corpus import SourceConfig, assign_splits, load_documents, stdlib_dir
+from rope_lm.corpus import SPLIT_BITS, SPLITS, SourceConfig, _stable_hash, load_documents, split_by_hash, stdlib_dir
 from rope_lm.config import split_data  # noqa: E402
 from rope_lm.data import StepSampler, TokenWindows, prepare
 from rope_lm.errors import ConfigError
@@ -34,6 +34,12 @@ def test_stdlib_corpus_is_the_interpreters_own_source_without_tests():
     assert len(docs["test"]) >= 0.03 * n and len(docs["valid"]) >= 0.03 * n
     again = load_documents(SourceConfig(source="stdlib", valid_fraction=0.05, test_fraction=0.05))
     assert again == docs  # deterministic order and split
+
+
+def assign_splits(keys: list[str], valid_fraction: float, test_fraction: float) -> dict[str, list[int]]:
+    """split -> indices of the keys the hash split puts there, as load_documents splits files."""
+    masks = split_by_hash(np.array([_stable_hash(k) for k in keys], dtype=np.uint64), valid_fraction, test_fraction)
+    return {s: np.flatnonzero(masks & SPLIT_BITS[s]).tolist() for s in SPLITS}
 
 
 def test_hash_split_is_stable_and_never_empty():

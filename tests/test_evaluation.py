@@ -7,9 +7,19 @@ import pytest
 import torch
 
 from rope_lm.errors import ConfigError
-from rope_lm.evaluation import EvalConfig, evaluate_lengths, ppl_at_length, scored_tokens, sliding_window_ppl
+from rope_lm.evaluation import EvalConfig, _sliding, _stream, evaluate_lengths, scored_tokens
 from rope_lm.model import build_model
 from tests.conftest import TINY_MODEL
+
+
+def ppl_at_length(model, stream, L: int, n: int, train_len: int, batch_tokens: int, buckets: int) -> dict:
+    """The row of ppl@L under the stream protocol, as evaluate_lengths computes it for one length."""
+    return _stream(model, stream, L, n, train_len, batch_tokens, buckets)[0]
+
+
+def sliding_window_ppl(model, stream, L: int, n: int, stride: int, batch_tokens: int, buckets: int = 32) -> dict:
+    """The row of the sliding protocol at L (each of n targets scored once with up to L tokens of context)."""
+    return _sliding(model, stream, L, n, stride, L, batch_tokens, buckets)[0]
 
 
 @pytest.fixture(scope="module")

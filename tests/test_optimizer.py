@@ -1,8 +1,12 @@
 """build_optimizer: AdamW with decay on matrices only; optim.fused chooses the
 fused kernel (CUDA by default, CPU on request), the same update to float tolerance."""
 
+import dataclasses
+import os
+
 import pytest
 import torch
+import yaml
 
 from rope_lm.lit import OptimConfig, build_optimizer
 
@@ -35,3 +39,40 @@ def test_fused_setting_is_checked():
 
     with pytest.raises(ConfigError, match="optim.fused"):
         typed_dataclass(OptimConfig, {"fused": "yes"}, "optim.", "optim")
+
+
+def test_optimizer_defaults_are_the_train_run_defaults():
+    """OptimConfig's defaults and conf/config.yaml's optim block (which Hydra
+    needs for its overrides and --help) are one set of values."""
+    from tests.conftest import ROOT
+
+    with open(os.path.join(ROOT, "conf", "config.yaml")) as f:
+        conf = yaml.safe_load(f)["optim"]
+    assert conf == dataclasses.asdict(OptimConfig())
+
+
+def test_lit_takes_the_typed_settings_and_checkpoints_keep_a_dict(tmp_path):
+    """LitLM takes the validated OptimConfig (what pipeline builds) or a dict
+    (what a checkpoint holds); either way the checkpoint stores plain values
+    and loads back to the same settings."""
+    import lightning as L
+
+    from rope_lm.checkpointing import load_checkpoint
+    from rope_lm.lit import LitLM
+    from tests.conftest import TINY_MODEL
+
+    typed = OptimConfig(lr=5e-4, warmup_steps=3, beta2=0.99)
+    common = dict(model=TINY_MODEL, pos={"name": "rope"}, scaling={"name": "none"}, vocab_size=64, train_len=16,
+                  max_steps=4)
+    lit = LitLM(optim=typed, **common)
+    assert lit.optim is typed and lit.hparams["optim"] == dataclasses.asdict(typed)
+    trainer = L.Trainer(max_steps=0, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                        enable_model_summary=False, accelerator="cpu")
+    trainer.strategy.connect(lit)
+    path = str(tmp_path / "x.ckpt")
+    trainer.save_checkpoint(path)
+    saved = torch.load(path, weights_only=True)  # plain values only: no class needed to read it
+    assert saved["hyper_parameters"]["optim"] == dataclasses.asdict(typed)
+    assert load_checkpoint(path)[0].optim == typed
+    assert LitLM(optim={"lr": 5e-4}, **common).optim == OptimConfig(lr=5e-4)
+

@@ -9,7 +9,8 @@ import sys
 import pytest
 
 from rope_lm import published as P
-from rope_lm.compare import compare, compare_tasks
+from rope_lm.compare import compare
+from rope_lm.task_compare import compare_tasks
 from tests.conftest import ROOT
 from tests.test_compare import write_run
 

@@ -1,0 +1,139 @@
+"""What the benchmark's rows say: FLOPs per token, paired ratios between
+peers, the targets they are held to, and the table and list they print as."""
+
+import statistics
+
+from rope_lm.tables import markdown_table as table
+
+
+def flops_per_token(counts: dict, model_cfg: dict, vocab: int, seq_len: int, training: bool) -> float:
+    """6N + 12 L T d for a training token (2N + 4 L T d for a forward-only one),
+    N the non-embedding parameters plus the output projection, whose matmul
+    is real work even when it is tied to the embedding."""
+    n = counts["params_non_embedding"] + vocab * model_cfg["d_model"]
+    if not model_cfg.get("tie_embeddings", True):
+        n = counts["params_non_embedding"]
+    attn = model_cfg["n_layer"] * seq_len * model_cfg["d_model"]
+    return 6 * n + 12 * attn if training else 2 * n + 4 * attn
+
+
+def _paired(a, b, key="tokens_per_s_repeats") -> float | None:
+    """Median over rounds of a's throughput over b's in the same round."""
+    if a is None or b is None or not a.get(key) or not b.get(key):
+        return None
+    return statistics.median(x / y for x, y in zip(a[key], b[key]))
+
+
+def _find(rows, **key):
+    for r in rows:
+        if all(r.get(k) == v for k, v in key.items()):
+            return r
+    return None
+
+
+def ratios_and_targets(s, rows: list[dict]) -> tuple[list[dict], list[dict]]:
+    """Paired ratios between peers and the targets they are held to, for the
+    rows of a run with settings `s` (throughput.BenchSettings)."""
+    train = [r for r in rows if r["phase"] == "train"]
+    ratios, targets = [], []
+    rope = [lab for lab, cfg in s.schemes.items() if cfg.get("name") == "rope"]
+    rope = rope[0] if rope else None
+
+    def ratio(name, model, a, b, threshold=None, note="", show=True):
+        value = _paired(a, b)
+        if value is None:
+            return
+        cpu = _paired(a, b, "tokens_per_cpu_s_repeats")
+        entry = {"name": name, "model": model, "value": value, "a": f"{a['scheme']}/{a['peer']}",
+                 "b": f"{b['scheme']}/{b['peer']}", "ratio_of_medians": a["tokens_per_s"] / b["tokens_per_s"],
+                 "cpu_time_ratio": cpu}
+        ratios.append(entry)
+        if show:
+            a["ratio"], a["ratio_vs"], a["cpu_ratio"] = value, entry["b"], cpu
+        if threshold is not None:
+            note = "; ".join(n for n in (note, f"per CPU-second: {cpu:.3f}" if cpu else "") if n)
+            targets.append({"target": f"{name} >= {threshold}", "model": model, "value": round(value, 3),
+                            "holds": value >= threshold, "note": note})
+
+    for model in s.models:
+        for scheme in s.schemes:
+            plain = _find(train, model=model, scheme=scheme, peer="plain")
+            light = _find(train, model=model, scheme=scheme, peer="lightning")
+            if scheme == rope:
+                hf = _find(train, model=model, scheme=scheme, peer="hf")
+                same = _paired(plain, _find(train, model=model, scheme=scheme, peer="hf+keepmem"))
+                ratio("ours/HF (plain loops)", model, plain, hf, 1.1,
+                      note=f"vs HF given rope-lm's allocator setting too: {same:.3f}" if same else "")
+            elif rope:
+                ratio(f"{scheme}/rope (plain loops)", model, plain, _find(train, model=model, scheme=rope, peer="plain"),
+                      0.7)
+            ratio(f"Lightning/plain ({scheme})", model, light, plain, 0.95 if scheme == rope else None)
+            if scheme == rope:
+                ratio("HF with rope-lm's allocator setting/HF", model,
+                      _find(train, model=model, scheme=scheme, peer="hf+keepmem"),
+                      _find(train, model=model, scheme=scheme, peer="hf"))
+                ratio("ours/HF with the same allocator setting", model, plain,
+                      _find(train, model=model, scheme=scheme, peer="hf+keepmem"), show=False)
+            ratio(f"fused/foreach AdamW, plain loop ({scheme})", model,
+                  _find(train, model=model, scheme=scheme, peer="plain+fused"), plain)
+            for peer in ("plain", "lightning"):
+                ratio(f"compiled/eager {peer} ({scheme})", model,
+                      _find(train, model=model, scheme=scheme, peer=peer + "+compile"),
+                      _find(train, model=model, scheme=scheme, peer=peer))
+    ev = [r for r in rows if r["phase"] == "eval" and r.get("tokens_per_s")]
+    for r in ev:
+        base = "hf" if r["peer"] == "ours" else "ours" if r["peer"] == "ours+compile" else None
+        b = _find(ev, model=r["model"], scheme=r["scheme"], seq_len=r["seq_len"], peer=base) if base else None
+        if b is not None:
+            r["ratio"], r["ratio_vs"] = r["tokens_per_s"] / b["tokens_per_s"], f"{b['scheme']}/{b['peer']}"
+    for model in s.models:
+        for scheme in s.schemes:
+            pts = sorted((r["seq_len"], r["mem_growth_mb"]) for r in ev
+                         if r["model"] == model and r["scheme"] == scheme and r["peer"] == "ours")
+            # Below a few MB the growth is allocator noise, not the model's.
+            if len(pts) >= 2 and pts[0][1] > 0 and pts[-1][1] >= 16:
+                (l0, m0), (l1, m1) = pts[0], pts[-1]
+                growth = m1 / m0
+                # Linear memory grows like the length; a T x T tensor would
+                # grow like its square. Allow 1.5x the linear factor for fixed
+                # per-forward buffers that the shortest length hides.
+                targets.append({"target": f"eval memory ~linear in length ({scheme})", "model": model,
+                                "value": round(growth, 2), "holds": growth <= 1.5 * l1 / l0,
+                                "note": f"memory grew {growth:.2f}x from {l0} to {l1} tokens ({l1 / l0:.0f}x); "
+                                        f"quadratic would be {(l1 / l0) ** 2:.0f}x"})
+            if any(r["model"] == model and r["scheme"] == scheme and r.get("error") for r in rows
+                   if r["phase"] == "eval"):
+                targets.append({"target": f"eval at every length ({scheme})", "model": model, "value": None,
+                                "holds": False, "note": "a length failed; see the rows"})
+    return ratios, targets
+
+
+def _fmt(v, digits=0):
+    if v is None:
+        return "-"
+    return f"{v:,.{digits}f}"
+
+
+def markdown_table(rows: list[dict]) -> str:
+    mfu = any(r.get("mfu") is not None for r in rows)  # only where a device peak is known (CUDA, --peak-tflops)
+    cols = ["model", "scheme", "phase", "peer", "T", "tokens/s", "ratio", "vs", "tok/CPU-s", "CPU ratio"]
+    cols += (["MFU"] if mfu else []) + ["peak MB", "+MB", "params (non-emb)"]
+    align = "".join("l" if c in ("model", "scheme", "phase", "peer", "vs") else "r" for c in cols)
+    lines = []
+    for r in rows:
+        head = [r["model"], r["scheme"], r["phase"], r["peer"], str(r["seq_len"])]
+        if r.get("error"):
+            lines.append(head + [f"failed: {r['error'][:60]}"] + [""] * (len(cols) - 6))
+            continue
+        params = f"{r['params'] / 1e6:.2f}M ({r['params_non_embedding'] / 1e6:.2f}M)" if r.get("params") else "-"
+        cells = head + [_fmt(r["tokens_per_s"]), _fmt(r.get("ratio"), 2), r.get("ratio_vs", ""),
+                        _fmt(r.get("tokens_per_cpu_s")), _fmt(r.get("cpu_ratio"), 2)]
+        cells += ([f"{100 * r['mfu']:.1f}%" if r.get("mfu") is not None else "-"] if mfu else [])
+        cells += [_fmt(r.get("peak_mem_mb")), _fmt(r.get("mem_growth_mb")), params]
+        lines.append(cells)
+    return table(cols, lines, align)
+
+
+def targets_text(targets: list[dict]) -> str:
+    return "\n".join(f"- [{'x' if t['holds'] else ' '}] {t['model']}: {t['target']}: {t['value']}"
+                     + (f" ({t['note']})" if t.get("note") else "") for t in targets)
