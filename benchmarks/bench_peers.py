@@ -151,7 +151,7 @@ class LightningRunner:
         from torch.utils.data import DataLoader
 
         from rope_lm.config import trainer_config
-        from rope_lm.pipeline import trainer_kwargs
+        from rope_lm.trainer import trainer_kwargs
 
         device = self.device
         pending = {"msg": first, "left": first["n"], "t0": None}

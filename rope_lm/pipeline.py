@@ -83,7 +83,7 @@ def train_and_evaluate(run: RunConfig | dict, out_dir: str, logger=None, claimed
     # The split must serve the evaluation protocol (enough tokens, or documents long enough) before training.
     eval_summary(run.eval, len(cache.tokens(run.eval.split)), cache.doc_starts(run.eval.split), data_cfg.seq_len)
     datamodule = LMDataModule(cache, data_cfg, run.seed, run.trainer.lightning.get("accumulate_grad_batches") or 1)
-    hparams = dict(model=run.model, pos=run.pos, scaling=run.scaling, optim=run.raw.get("optim") or {},
+    hparams = dict(model=run.model, pos=run.pos, scaling=run.scaling, optim=run.optim,
                    vocab_size=cache.vocab_size, train_len=data_cfg.seq_len, max_steps=run.trainer.max_steps,
                    corpus=cache.corpus, data=run.raw.get("data") or {}, compile=run.trainer.compile,
                    skip_nonfinite=run.trainer.skip_nonfinite)

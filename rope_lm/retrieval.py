@@ -36,6 +36,7 @@ import torch
 from rope_lm import bootstrap
 from rope_lm import passkey as P
 from rope_lm.errors import ConfigError
+from rope_lm.tables import markdown_table
 
 SCORING = ("teacher", "greedy")
 WORDS = ("apple", "river", "candle", "mountain", "violin", "harbor", "pencil", "garden", "falcon", "marble", "lantern",
@@ -337,11 +338,11 @@ def summary_table(results: dict, train_len: int | None = None) -> str:
     """Rows: tasks; columns: lengths; cells: accuracy over all depths [95% interval]."""
     lengths = next(iter(results.values()))["lengths"]
     head = [f"{L}" + (f" ({L / train_len:g}×)" if train_len else "") for L in lengths]
-    lines = ["| task | " + " | ".join(head) + " |", "|---|" + "---|" * len(lengths)]
+    rows = []
     for name, r in results.items():
         cells = []
         for row in r["by_length"]:
             ci = f" [{row['accuracy_lo']:.0%}, {row['accuracy_hi']:.0%}]" if row["accuracy_lo"] is not None else ""
             cells.append(f"{row['accuracy']:.0%}{ci}")
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+        rows.append([name, *cells])
+    return markdown_table(["task", *head], rows)

@@ -41,6 +41,7 @@ from rope_lm.positional import SCHEMES
 from rope_lm.files import atomic_write, save_figure, write_json
 from rope_lm.run_folder import RunFolder, Status
 from rope_lm.run_settings import TASK_BOOKKEEPING
+from rope_lm.tables import markdown_table
 from rope_lm.scaling import METHODS
 from rope_lm.tasks import TASKS, build_task
 
@@ -388,11 +389,9 @@ def markdown(results: dict) -> str:
              f"{results['train']['final_loss']:.3f}); tested up to size {results['test_max']}. "
              f"Exact match of the whole answer, 95% bootstrap interval over instances.",
              "",
-             "| sizes | where | tokens ≤ | n | exact match | token accuracy |",
-             "|---|---|---|---|---|---|"]
-    for b in results["buckets"]:
-        lines.append(f"| {b['label']} | {'train' if b['inside'] else 'beyond'} | {b['max_tokens']} | {b['n']} | "
-                     f"{fmt_acc(b)} | {b['token_accuracy']:.0%} |")
+             markdown_table(["sizes", "where", "tokens ≤", "n", "exact match", "token accuracy"],
+                            [[b["label"], "train" if b["inside"] else "beyond", b["max_tokens"], b["n"], fmt_acc(b),
+                              f"{b['token_accuracy']:.0%}"] for b in results["buckets"]])]
     lines += ["", f"Inside the training sizes: {fmt_acc(results.get('inside'))}; beyond: "
                   f"{fmt_acc(results.get('beyond'))}.", ""]
     return "\n".join(lines)
