@@ -288,8 +288,8 @@ class RunFolder:
         recorded = self.recorded_settings()
         if recorded is not None and not settings_differences(recorded, settings, self.bookkeeping):
             # The same command run again (a sweep or study rerun): this folder is this run's own.
-            return (f"The run folder {self.path} already holds this same {what} run ({', '.join(taken)}; its "
-                    f"settings equal these), so it was not started again. To skip it when its results are complete, "
+            return (f"The run folder {self.path} already holds a {what} run's results from these same settings "
+                    f"({', '.join(taken)}), so it was not started again. To skip it when its results are complete, "
                     f"or finish it from its last checkpoint, run the same command with existing=continue"
                     f"{'' if not self.checkpoints else f'; to train it longer: python train.py resume={self.path} trainer.max_steps=N'}.")
         if self.checkpoints:

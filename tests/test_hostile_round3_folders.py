@@ -174,7 +174,7 @@ def test_a_rerun_of_the_same_command_is_told_about_existing_continue(ckpt_run, t
     before = digest(run)
     again = train(run_args(tiny_data_options, run))
     message = one_paragraph(again, 2)
-    assert "already holds this same training run" in message and "existing=continue" in message
+    assert "already holds a training run's results from these same settings" in message and "existing=continue" in message
     assert "another run" not in message
     assert digest(run) == before
     other = train(run_args(tiny_data_options, run, **{"trainer.max_steps": 8}))
