@@ -11,6 +11,7 @@ receives objects that are known to be valid.
 
 from dataclasses import dataclass, field, fields
 import inspect
+import math
 import types
 import typing
 
@@ -102,7 +103,7 @@ def _describe(annotation) -> str:
         return "one of " + ", ".join(repr(a) for a in typing.get_args(annotation))
     if origin in (list, tuple):
         (item, *_) = typing.get_args(annotation) or (typing.Any,)
-        return f"a list of {_describe(item)}s" if item is not typing.Any else "a list"
+        return f"a list of {_describe(item).removeprefix('an ').removeprefix('a ')}s" if item is not typing.Any else "a list"
     return {int: "an integer", float: "a number", bool: "true or false", str: "a string", dict: "a mapping",
             type(None): "null"}.get(annotation, getattr(annotation, "__name__", str(annotation)))
 
@@ -187,7 +188,20 @@ def typed(options: dict, annotations: dict, prefix: str, what: str, free: set = 
         except _Mismatch:
             shown = f"{value!r} ({type(value).__name__})" if not isinstance(value, str) else repr(value)
             raise ConfigError(f"{prefix}{key}={shown} has the wrong type: it must be {_describe(annotations[key])}.") from None
+        if not _finite(out[key]):
+            # No rope-lm or Lightning setting means anything by nan or inf: a learning rate, a clip
+            # value or a ratio that is not finite only fails later, inside the optimizer or at step 1.
+            raise ConfigError(f"{prefix}{key}={value!r} is not finite: it must be {_describe(annotations[key])}, "
+                              f"and nan or inf is never a valid setting.")
     return out
+
+
+def _finite(value) -> bool:
+    if isinstance(value, float):
+        return math.isfinite(value)
+    if isinstance(value, (list, tuple)):
+        return all(_finite(v) for v in value)
+    return True
 
 
 def dataclass_annotations(cls, exclude=()) -> dict:
