@@ -263,8 +263,24 @@ def typed_component(registry, options: dict, group: str) -> dict:
         raise ConfigError(f"`{group}` must be a mapping of settings with a name, not {options!r}.")
     cls = registry.get(options.get("name"))
     skip = 2 if group == "pos" else 1  # self (and dims for a scheme)
-    checked = typed({k: v for k, v in options.items() if k != "name"}, _component_annotations(cls, skip),
-                    f"{group}.", f"{group} {options.get('name')!r}")
+    annotations = _component_annotations(cls, skip)
+    settings = {k: v for k, v in options.items() if k != "name"}
+    unknown = sorted(set(settings) - set(annotations))
+    if unknown:
+        name = options["name"]
+        valid = ", ".join(f"{group}.{k}" for k in sorted(annotations))
+        others = [_component_annotations(registry.get(n), skip) for n in registry.names() if n != name]
+        # Keys that another scheme takes: the name was changed alone (pos.name=alibi), keeping the
+        # settings of the scheme it replaced, which `pos=alibi` would have swapped for its own.
+        leftover = all(any(k in o for o in others) for k in unknown)
+        raise ConfigError(
+            f"Unknown {group} {name!r} setting(s) {', '.join(group + '.' + k for k in unknown)}; "
+            + (f"{name!r} takes {valid}." if valid else f"{name!r} takes no settings besides its name.")
+            + (f" Choose a {'scheme' if group == 'pos' else 'method'} with {group}={name}, which loads "
+               f"conf/{group}/{name}.yaml with its own settings; {group}.name={name} alone keeps the settings of "
+               f"the one it replaces." if leftover else "")
+        )
+    checked = typed(settings, annotations, f"{group}.", f"{group} {options.get('name')!r}")
     return {"name": options["name"], **checked}
 
 
