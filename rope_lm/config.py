@@ -20,6 +20,7 @@ from rope_lm.data import DataConfig
 from rope_lm.errors import ConfigError
 from rope_lm.evaluation import EvalConfig
 from rope_lm.lit import OptimConfig
+from rope_lm.loggers import check_options as check_logger
 from rope_lm.model import ModelConfig, check_fit
 from rope_lm.positional import SCHEMES
 from rope_lm.scaling import METHODS
@@ -344,6 +345,7 @@ def resolve_run(cfg: dict) -> RunConfig:
     logger = cfg.get("logger") or {"name": "none"}
     if not isinstance(logger, dict):
         raise ConfigError(f"`logger` must be a mapping of settings with a name, not {logger!r}.")
+    check_logger(logger)
 
     run = RunConfig(model=model, pos=pos, scaling=scaling, data=data, source=source, trainer=trainer,
                     eval=eval_cfg, optim=optim, logger=logger, raw=cfg, **top)
