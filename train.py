@@ -97,8 +97,8 @@ def _refuse_group_choices(overrides: list[str], given: str, saved: str):
             what = "positional scheme" if group == "pos" else "model architecture"
             raise ConfigError(
                 f"resume={given!r} continues a run with the {what} it was trained with ({saved} records it), so "
-                f"{arg} cannot apply. To train with it, start a new run (python train.py {group}={value} ...); a fine-tune "
-                f"from this run's weights (init_from={given}) also keeps its {what}."
+                f"{arg} cannot apply. To train with it, start a new run (python train.py {group}={value} ...); a "
+                f"fine-tune from this run's weights (init_from={given}) also keeps its {what}."
             )
         raise ConfigError(
             f"resume={given!r} composes the run from its saved settings ({saved}), where `{key}` is a set of "

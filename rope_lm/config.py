@@ -104,7 +104,9 @@ def _describe(annotation) -> str:
         return "one of " + ", ".join(repr(a) for a in typing.get_args(annotation))
     if origin in (list, tuple):
         (item, *_) = typing.get_args(annotation) or (typing.Any,)
-        return f"a list of {_describe(item).removeprefix('an ').removeprefix('a ')}s" if item is not typing.Any else "a list"
+        if item is typing.Any:
+            return "a list"
+        return f"a list of {_describe(item).removeprefix('an ').removeprefix('a ')}s"
     return {int: "an integer", float: "a number", bool: "true or false", str: "a string", dict: "a mapping",
             type(None): "null"}.get(annotation, getattr(annotation, "__name__", str(annotation)))
 

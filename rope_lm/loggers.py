@@ -113,11 +113,12 @@ def build_logger(options: dict, out_dir: str, run_name: str, config: dict | None
             raise
         reason = " ".join(str(e).split()) or type(e).__name__
         if "online" in (options.get("mode"), os.environ.get("WANDB_MODE")):  # asked for, not just logged in
+            asked = "logger.mode=online" if options.get("mode") == "online" else "WANDB_MODE=online"
             raise ConfigError(
-                f"logger.mode=online: wandb could not start an online run ({type(e).__name__}: {reason}; it waits "
-                f"at most logger.init_timeout={timeout:g} s). Without network or a wandb login (wandb login, or WANDB_API_KEY), "
-                f"run with logger.mode=offline (the run is kept under the run folder's wandb/ and uploads later with "
-                f"wandb sync), or logger=csv. Nothing was trained."
+                f"{asked}: wandb could not start an online run ({type(e).__name__}: {reason}; it waits at most "
+                f"logger.init_timeout={timeout:g} s). Without network or a wandb login (wandb login, or "
+                f"WANDB_API_KEY), run with logger.mode=offline (the run is kept under the run folder's wandb/ and "
+                f"uploads later with wandb sync), or logger=csv. Nothing was trained."
             ) from None
         log.warning("wandb could not start an online run (%s: %s; it waits at most logger.init_timeout=%g s); this "
                     "run logs offline instead (logger.mode=offline skips the wait).", type(e).__name__, reason, timeout)
