@@ -69,7 +69,8 @@ def test_a_float_setting_that_is_not_finite_is_refused_before_work(tiny_data_opt
 
 def test_a_loss_that_diverges_at_once_says_no_checkpoint_was_kept(tiny_data_options, tmp_path):
     message = one_paragraph(run("train.py", train_args(tiny_data_options, tmp_path / "run", **{
-        "optim.lr": 1e30, "optim.warmup_steps": 0, "trainer.ckpt_every_n_steps": 50})), 1)
+        "optim.lr": 1e30, "optim.warmup_steps": 0, "trainer.ckpt_every_n_steps": 50,
+        "trainer.val_every_n_steps": 50})), 1)
     assert "no checkpoint had been saved yet, so there is nothing to resume" in message
     assert "none saved yet" not in message  # "the last good checkpoint is none saved yet (untouched)"
     assert not glob.glob(str(tmp_path / "run" / "checkpoints" / "*.ckpt"))
