@@ -76,6 +76,8 @@ def resume_args(argv: list[str]) -> list[str]:
                               f"train.py run wrote (it holds .hydra/ and checkpoints/).")
     _check_readable(saved, runs[-1])
     rest = [a for a in argv if not a.startswith("resume=")]
+    with user_errors():
+        _refuse_group_choices(rest, runs[-1], saved)
     return ["--config-path", os.path.dirname(saved), "--config-name", os.path.basename(saved)[: -len(".yaml")],
             *rest, f"ckpt_path={run}", f"hydra.run.dir={run}"]
 
@@ -97,6 +99,34 @@ def _check_readable(saved: str, given: str) -> None:
 
             raise ConfigError(f"resume={given!r}: the run's recorded settings {saved} cannot be read ({problem}). "
                               f"Restore the file (the run's .hydra/config.yaml holds the settings it started with).")
+
+
+def _refuse_group_choices(overrides: list[str], given: str, saved: str):
+    """A resumed run is composed from its saved settings, where `pos`, `model`,
+    ... hold values, not a choice of conf/<group>/: `pos=alibi` cannot apply
+    there, and a run's scheme and architecture are fixed by its weights."""
+    from rope_lm.errors import ConfigError
+
+    groups = {d for d in os.listdir(os.path.join(os.path.dirname(os.path.abspath(__file__)), "conf"))
+              if os.path.isdir(os.path.join(os.path.dirname(os.path.abspath(__file__)), "conf", d))}
+    for arg in overrides:
+        key, _, value = arg.partition("=")
+        key = key.lstrip("+~")
+        group = key.split(".")[0]
+        if not value or (key not in groups and key not in ("pos.name", "model.name")) or group == "hydra":
+            continue
+        if group in ("pos", "model"):
+            what = "positional scheme" if group == "pos" else "model architecture"
+            raise ConfigError(
+                f"resume={given!r} continues a run with the {what} it was trained with ({saved} records it), so "
+                f"{arg} cannot apply. To train with it, start a new run (python train.py {group}={value} ...); a "
+                f"fine-tune from this run's weights (init_from={given}) also keeps its {what}."
+            )
+        raise ConfigError(
+            f"resume={given!r} composes the run from its saved settings ({saved}), where `{key}` is a set of "
+            f"settings, not a choice of conf/{key}/, so {arg} cannot apply. Change single settings instead "
+            f"(e.g. {key}.<setting>=...), or start a new run with {arg}."
+        )
 
 
 if __name__ == "__main__":

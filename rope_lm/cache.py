@@ -16,18 +16,20 @@ reading the text (``data.full_check=true`` reads it all).
 
 import contextlib
 from dataclasses import dataclass
+import glob
 import hashlib
 import json
 import logging
 import os
 import shutil
+import tempfile
 
-from filelock import FileLock
+from filelock import FileLock, Timeout
 import numpy as np
 
 from rope_lm.corpus import SPLITS, SourceConfig, hub_failure, quick_key, routed_pieces, scan, train_texts
 from rope_lm.encode import encode_to_files
-from rope_lm.errors import ConfigError
+from rope_lm.errors import ConfigError, OutputError
 
 log = logging.getLogger("rope_lm.data")  # the name users filter on; the loaders live in data.py
 CACHE_FORMAT = 1
@@ -219,8 +221,12 @@ def resolve_tokenizer(data: DataConfig):
 
 
 def _build(directory: str, source: SourceConfig, plan, data: DataConfig, tok, eos: str, settings: dict):
+    # Called under the directory's lock, so no live build writes a temp folder of this cache: any
+    # there is the leftover of a build that was killed (SIGKILL, power loss) before its cleanup.
+    for stale in glob.glob(glob.escape(directory) + ".tmp-*"):
+        log.info("Removing %s, left by a cache build that was stopped", stale)
+        shutil.rmtree(stale, ignore_errors=True)
     tmp = f"{directory}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(tmp)
     try:
         if tok is None:
@@ -286,6 +292,36 @@ def _no_lock():
     return contextlib.nullcontext()
 
 
+@contextlib.contextmanager
+def _locked(path: str):
+    """FileLock(path), saying so when another process holds it: a sweep's jobs
+    and a distributed run's ranks wait here while the first builds the cache."""
+    lock = FileLock(path)
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        log.info("Waiting for another process to finish building or checking the token cache (it holds %s); "
+                 "this run goes on when it is done.", path)
+        lock.acquire()
+        log.info("The other process is done with %s.", path)
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+def _writable(cache_dir: str) -> OSError | None:
+    """None when cache_dir can be created and written to, else the error."""
+    try:
+        os.makedirs(cache_dir, exist_ok=True)
+        fd, probe = tempfile.mkstemp(dir=cache_dir, prefix=".write-test-")
+        os.close(fd)
+        os.remove(probe)
+    except OSError as e:
+        return e
+    return None
+
+
 def _quick_reuse(index: str, data: DataConfig) -> TokenCache | None:
     """The cache an unchanged source was last built or checked into, if it is intact."""
     try:
@@ -316,10 +352,22 @@ def prepare(data: DataConfig, source: SourceConfig, expect_corpus: tuple[str, st
     data.validate()
     source.validate()
     tok, eos, tokenizer = resolve_tokenizer(data)
-    os.makedirs(data.cache_dir, exist_ok=True)
     source_key = quick_key(source)
     index = _index_path(data, source_key, tokenizer) if source_key else None
-    with FileLock(f"{index}.lock") if index else _no_lock():
+    unwritable = _writable(data.cache_dir)
+    if unwritable is not None:
+        # A cache that is complete can still be read from a read-only folder (a shared, prebuilt one):
+        # caches are renamed into place whole, so no lock is needed to read one.
+        cache = _quick_reuse(index, data) if index and not data.full_check else None
+        if cache is not None:
+            _check_corpus(cache.corpus, expect_corpus)
+            log.info("Reusing token cache %s (its folder is read-only; source unchanged)", cache.dir)
+            return cache
+        why = os.strerror(unwritable.errno) if unwritable.errno else str(unwritable)
+        raise OutputError(f"data.cache_dir={data.cache_dir!r} ({os.path.abspath(data.cache_dir)}) is not writable "
+                          f"({why}), and the token cache of this corpus must be built there. Point data.cache_dir "
+                          f"at a writable folder (e.g. data.cache_dir=/tmp/rope-lm-cache).")
+    with _locked(f"{index}.lock") if index else _no_lock():
         if index and not data.full_check:
             cache = _quick_reuse(index, data)
             if cache is not None:
@@ -334,8 +382,7 @@ def prepare(data: DataConfig, source: SourceConfig, expect_corpus: tuple[str, st
         settings = {"format": CACHE_FORMAT, "corpus": corpus["fingerprint"], **tokenizer}
         key = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:12]
         directory = os.path.join(data.cache_dir, f"{data.name}-{key}")
-        with FileLock(f"{directory}.lock"):
-            # Parallel sweep jobs wait here while the first builds the cache.
+        with _locked(f"{directory}.lock"):
             problem = cache_problem(directory, data.verify_cache) if os.path.isdir(directory) else "absent"
             if problem is None:
                 log.info("Reusing token cache %s", directory)

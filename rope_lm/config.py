@@ -11,6 +11,7 @@ receives objects that are known to be valid.
 
 from dataclasses import dataclass, field, fields
 import inspect
+import math
 import types
 import typing
 
@@ -19,6 +20,7 @@ from rope_lm.data import DataConfig
 from rope_lm.errors import ConfigError
 from rope_lm.evaluation import EvalConfig
 from rope_lm.lit import OptimConfig
+from rope_lm.loggers import check_options as check_logger
 from rope_lm.model import ModelConfig, check_fit
 from rope_lm.positional import SCHEMES
 from rope_lm.scaling import METHODS
@@ -102,7 +104,9 @@ def _describe(annotation) -> str:
         return "one of " + ", ".join(repr(a) for a in typing.get_args(annotation))
     if origin in (list, tuple):
         (item, *_) = typing.get_args(annotation) or (typing.Any,)
-        return f"a list of {_describe(item)}s" if item is not typing.Any else "a list"
+        if item is typing.Any:
+            return "a list"
+        return f"a list of {_describe(item).removeprefix('an ').removeprefix('a ')}s"
     return {int: "an integer", float: "a number", bool: "true or false", str: "a string", dict: "a mapping",
             type(None): "null"}.get(annotation, getattr(annotation, "__name__", str(annotation)))
 
@@ -187,7 +191,20 @@ def typed(options: dict, annotations: dict, prefix: str, what: str, free: set = 
         except _Mismatch:
             shown = f"{value!r} ({type(value).__name__})" if not isinstance(value, str) else repr(value)
             raise ConfigError(f"{prefix}{key}={shown} has the wrong type: it must be {_describe(annotations[key])}.") from None
+        if not _finite(out[key]):
+            # No rope-lm or Lightning setting means anything by nan or inf: a learning rate, a clip
+            # value or a ratio that is not finite only fails later, inside the optimizer or at step 1.
+            raise ConfigError(f"{prefix}{key}={value!r} is not finite: it must be {_describe(annotations[key])}, "
+                              f"and nan or inf is never a valid setting.")
     return out
+
+
+def _finite(value) -> bool:
+    if isinstance(value, float):
+        return math.isfinite(value)
+    if isinstance(value, (list, tuple)):
+        return all(_finite(v) for v in value)
+    return True
 
 
 def dataclass_annotations(cls, exclude=()) -> dict:
@@ -249,8 +266,24 @@ def typed_component(registry, options: dict, group: str) -> dict:
         raise ConfigError(f"`{group}` must be a mapping of settings with a name, not {options!r}.")
     cls = registry.get(options.get("name"))
     skip = 2 if group == "pos" else 1  # self (and dims for a scheme)
-    checked = typed({k: v for k, v in options.items() if k != "name"}, _component_annotations(cls, skip),
-                    f"{group}.", f"{group} {options.get('name')!r}")
+    annotations = _component_annotations(cls, skip)
+    settings = {k: v for k, v in options.items() if k != "name"}
+    unknown = sorted(set(settings) - set(annotations))
+    if unknown:
+        name = options["name"]
+        valid = ", ".join(f"{group}.{k}" for k in sorted(annotations))
+        others = [_component_annotations(registry.get(n), skip) for n in registry.names() if n != name]
+        # Keys that another scheme takes: the name was changed alone (pos.name=alibi), keeping the
+        # settings of the scheme it replaced, which `pos=alibi` would have swapped for its own.
+        leftover = all(any(k in o for o in others) for k in unknown)
+        raise ConfigError(
+            f"Unknown {group} {name!r} setting(s) {', '.join(group + '.' + k for k in unknown)}; "
+            + (f"{name!r} takes {valid}." if valid else f"{name!r} takes no settings besides its name.")
+            + (f" Choose a {'scheme' if group == 'pos' else 'method'} with {group}={name}, which loads "
+               f"conf/{group}/{name}.yaml with its own settings; {group}.name={name} alone keeps the settings of "
+               f"the one it replaces." if leftover else "")
+        )
+    checked = typed(settings, annotations, f"{group}.", f"{group} {options.get('name')!r}")
     return {"name": options["name"], **checked}
 
 
@@ -314,6 +347,7 @@ def resolve_run(cfg: dict) -> RunConfig:
     logger = cfg.get("logger") or {"name": "none"}
     if not isinstance(logger, dict):
         raise ConfigError(f"`logger` must be a mapping of settings with a name, not {logger!r}.")
+    check_logger(logger)
 
     run = RunConfig(model=model, pos=pos, scaling=scaling, data=data, source=source, trainer=trainer,
                     eval=eval_cfg, optim=optim, logger=logger, raw=cfg, **top)

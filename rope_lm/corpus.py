@@ -25,6 +25,7 @@ import json
 import logging
 import os
 import re
+import stat
 import sys
 import sysconfig
 
@@ -236,6 +237,26 @@ def _units_of_file(path: str, text_field: str, skip_bad: bool = False):
                     ", ".join(skipped[:5]), " ..." if len(skipped) > 5 else "")
 
 
+def _not_regular(path: str) -> str | None:
+    """What a path is when it is not a regular file (or a link to one), else
+    None: reading a FIFO blocks until a writer comes, a device never ends."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return "a broken link" if os.path.islink(path) else "unreadable"
+    if stat.S_ISREG(mode):
+        return None
+    for test, what in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a named pipe"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                       (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return what
+    return "not a regular file"
+
+
+_reported_skips: set[str] = set()
+
+
 def _expand_path(path: str) -> list[str]:
     path = os.path.expanduser(path)
     if any(c in path for c in "*?["):
@@ -244,7 +265,11 @@ def _expand_path(path: str) -> list[str]:
         files = sorted(
             os.path.join(root, f) for root, _, fs in os.walk(path) for f in fs
         )
-    elif os.path.isfile(path):
+    elif os.path.lexists(path):
+        what = _not_regular(path)
+        if what:
+            raise ConfigError(f"data.path={path!r} is {what}, not a text file: give a regular file, a directory or "
+                              f"a glob of {', '.join(TEXT_SUFFIXES)} files.")
         files = [path]
     else:
         raise ConfigError(
@@ -252,6 +277,14 @@ def _expand_path(path: str) -> list[str]:
             f"of {', '.join(TEXT_SUFFIXES)} files."
         )
     files = [f for f in files if f.endswith(TEXT_SUFFIXES)]
+    skipped = [(f, what) for f in files if (what := _not_regular(f))]
+    if skipped:
+        files = [f for f in files if f not in dict(skipped)]
+        news = [f"{f} ({what})" for f, what in skipped if f not in _reported_skips]
+        _reported_skips.update(f for f, _ in skipped)
+        if news:  # the listing runs more than once a run: say it once
+            log.warning("data.path=%s: skipping %d entr%s that %s not regular files: %s", path, len(news),
+                        "y" if len(news) == 1 else "ies", "is" if len(news) == 1 else "are", ", ".join(news))
     if not files:
         raise ConfigError(f"data.path={path!r} holds no {', '.join(TEXT_SUFFIXES)} files; point it at text data.")
     return files

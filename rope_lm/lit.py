@@ -129,11 +129,12 @@ class LitLM(L.LightningModule):
             return None  # Lightning skips backward and the optimizer step
         cbs = self.trainer.checkpoint_callbacks
         saved = [cb.last_model_path for cb in cbs if cb.last_model_path] or [cb.best_model_path for cb in cbs if cb.best_model_path]
-        where = saved[0] if saved else "none saved yet"
+        kept = (f"the last good checkpoint, {saved[0]}, is untouched" if saved
+                else "no checkpoint had been saved yet, so there is nothing to resume")
         raise TrainingDiverged(
-            f"The training loss became {float(loss)} at step {step}. No update was applied with it, and the last good "
-            f"checkpoint is {where} (untouched). Lower optim.lr, raise optim.warmup_steps or keep "
-            f"trainer.gradient_clip_val on; trainer.skip_nonfinite=N skips up to N such batches instead of stopping."
+            f"The training loss became {float(loss)} at step {step}. No update was applied with it, and {kept}. "
+            f"Lower optim.lr, raise optim.warmup_steps or keep trainer.gradient_clip_val on; "
+            f"trainer.skip_nonfinite=N skips up to N such batches instead of stopping."
         )
 
     def validation_step(self, batch, batch_idx):

@@ -16,6 +16,7 @@ from rope_lm.scaling import method_label
 
 log = logging.getLogger("rope_lm")
 LOGGERS = ("wandb", "csv", "none")
+WANDB_MODES = ("auto", "online", "offline", "disabled")
 
 
 def wandb_mode(requested: str) -> str:
@@ -67,29 +68,86 @@ def sweep_group(out_dir: str, sweep_dir: str | None = None) -> str | None:
     return "/".join(parts)
 
 
-def build_logger(options: dict, out_dir: str, run_name: str, config: dict | None = None, sweep_dir: str | None = None):
-    """options: the `logger` config; config: the whole run config (for the
-    tags); sweep_dir: the Hydra sweep directory in a multirun (else detected)."""
+DEFAULT_INIT_TIMEOUT = 30  # seconds; wandb's own default (90 s, and Lightning asks twice) is a long silent wait
+
+
+def check_options(options: dict):
+    """The `logger` settings, checked before any work."""
     name = options.get("name", "none")
     if name not in LOGGERS:
         raise ConfigError(f"logger={name!r} is not a logger; use one of {', '.join(LOGGERS)}.")
+    if name != "wandb":
+        return
+    if options.get("mode", "auto") not in WANDB_MODES:
+        raise ConfigError(f"logger.mode={options['mode']!r} is not a wandb mode; use one of {', '.join(WANDB_MODES)}.")
+    env = os.environ.get("WANDB_MODE")
+    if env is not None and env not in ("online", "offline", "disabled", "dryrun", "run", "shared"):
+        raise ConfigError(f"The environment variable WANDB_MODE={env!r} is not a wandb mode; unset it or set it to "
+                          f"online, offline or disabled (logger.mode={options.get('mode', 'auto')} applies when it "
+                          f"is unset).")
+    timeout = options.get("init_timeout", DEFAULT_INIT_TIMEOUT)
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < float("inf"):
+        raise ConfigError(f"logger.init_timeout={timeout!r} must be a positive number of seconds (how long wandb "
+                          f"may take to start a run before this run gives up on it).")
+
+
+def build_logger(options: dict, out_dir: str, run_name: str, config: dict | None = None, sweep_dir: str | None = None):
+    """options: the `logger` config; config: the whole run config (for the
+    tags); sweep_dir: the Hydra sweep directory in a multirun (else detected)."""
+    check_options(options)
+    name = options.get("name", "none")
     if name == "none":
         return None
     if name == "csv":
         from lightning.pytorch.loggers import CSVLogger
 
         return CSVLogger(save_dir=out_dir, name="csv")  # version_N per (re)start: a resume never overwrites
+    mode = wandb_mode(options.get("mode", "auto"))
+    timeout = options.get("init_timeout", DEFAULT_INIT_TIMEOUT)
+    make = dict(options=options, out_dir=out_dir, run_name=run_name, config=config, sweep_dir=sweep_dir,
+                timeout=float(timeout))
+    try:
+        return _started(mode=mode, **make)
+    except Exception as e:  # wandb raises UsageError, CommError, or a timeout of its own: all mean "not online"
+        if mode != "online":
+            raise
+        reason = " ".join(str(e).split()) or type(e).__name__
+        if "online" in (options.get("mode"), os.environ.get("WANDB_MODE")):  # asked for, not just logged in
+            asked = "logger.mode=online" if options.get("mode") == "online" else "WANDB_MODE=online"
+            raise ConfigError(
+                f"{asked}: wandb could not start an online run ({type(e).__name__}: {reason}; it waits at most "
+                f"logger.init_timeout={timeout:g} s). Without network or a wandb login (wandb login, or "
+                f"WANDB_API_KEY), run with logger.mode=offline (the run is kept under the run folder's wandb/ and "
+                f"uploads later with wandb sync), or logger=csv. Nothing was trained."
+            ) from None
+        log.warning("wandb could not start an online run (%s: %s; it waits at most logger.init_timeout=%g s); this "
+                    "run logs offline instead (logger.mode=offline skips the wait).", type(e).__name__, reason, timeout)
+        return _started(mode="offline", **make)
+
+
+def _started(options: dict, out_dir: str, run_name: str, config: dict | None, sweep_dir: str | None, mode: str,
+             timeout: float):
+    """A WandbLogger whose wandb run has started, so a failure to reach the
+    server comes now, before training, after at most `timeout` seconds."""
+    import wandb
     from lightning.pytorch.loggers import WandbLogger
 
-    mode = wandb_mode(options.get("mode", "auto"))
-    os.environ.setdefault("WANDB_SILENT", "true")
+    # Settings, not environment variables: wandb.login (wandb_mode) has started the wandb session,
+    # and an environment variable changed after that is ignored with a warning.
+    settings = {"init_timeout": timeout}
+    if "WANDB_SILENT" not in os.environ:
+        settings["silent"] = True
     logger = WandbLogger(
         project=options.get("project", "rope-lm"), entity=options.get("entity"), name=run_name,
         group=options.get("group") or sweep_group(out_dir, sweep_dir),
         tags=run_tags(config, options.get("tags") or []), save_dir=out_dir,
         mode=mode,  # passed to wandb.init directly: Lightning's offline flag sets an outdated env value
+        settings=wandb.Settings(**settings),
     )
+    # Lightning passes anonymous=None, which wandb (>= 0.19) warns about on every run: it has no effect.
+    logger._wandb_init.pop("anonymous", None)
     logger.rope_lm_mode = mode
+    logger.experiment  # noqa: B018 (starts the run)
     return logger
 
 
@@ -119,4 +177,4 @@ def finish(logger):
     run_dir = os.path.dirname(run.dir) if getattr(run, "dir", None) else None
     wandb.finish()
     if getattr(logger, "rope_lm_mode", "") == "offline" and run_dir:
-        log.info("wandb ran offline (not logged in); upload this run with:  wandb sync %s", run_dir)
+        log.info("wandb ran offline; upload this run with:  wandb sync %s", run_dir)

@@ -125,6 +125,33 @@ def _window(config: dict, family: str, sliding_window: str) -> int | None:
     return int(window)
 
 
+SHAPE_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                "max_position_embeddings")
+
+
+def _check_shape(config: dict):
+    """The model's shape in config.json's own field names: rope-lm's checks
+    would name model.n_head / model.n_kv_head, which the user never wrote."""
+    def positive(key):
+        value = config.get(key)
+        return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+    missing = [k for k in SHAPE_FIELDS if not positive(k)]
+    if missing:
+        raise ConfigError("config.json needs positive integers for " + ", ".join(
+            f"{k} (has {config[k]!r})" if k in config else f"{k} (missing)" for k in missing) + ".")
+    H, kv = config["num_attention_heads"], config.get("num_key_value_heads")
+    if kv is not None and (not positive("num_key_value_heads") or H % kv):
+        raise ConfigError(f"config.json has num_key_value_heads={kv!r}, which does not divide "
+                          f"num_attention_heads={H}: each key/value head serves a whole group of query heads.")
+    head_dim = config.get("head_dim")
+    if head_dim is None and config["hidden_size"] % H:
+        raise ConfigError(f"config.json has hidden_size={config['hidden_size']}, not divisible by "
+                          f"num_attention_heads={H}, and no head_dim.")
+    if head_dim is not None and not positive("head_dim"):
+        raise ConfigError(f"config.json has head_dim={head_dim!r}; it must be a positive integer.")
+
+
 def settings_from_hf(config: dict, sliding_window: str = "auto") -> dict:
     """{'model', 'pos', 'scaling', 'train_len', 'vocab_size', 'family',
     'max_position_embeddings'} for a config.json dict, or ConfigError
@@ -150,6 +177,7 @@ def settings_from_hf(config: dict, sliding_window: str = "auto") -> dict:
             raise ConfigError(f"attention_bias={attn_bias} with mlp_bias={mlp_bias}: rope-lm's `bias` covers the "
                               f"output projection and the MLP together (qkv_bias is separate).")
         bias = qkv_bias = attn_bias
+    _check_shape(config)
     params = rope_parameters(config)
     if float(params.get("partial_rotary_factor", 1.0)) != 1.0:
         raise ConfigError(f"partial_rotary_factor={params['partial_rotary_factor']}: {arch} rotates whole heads.")

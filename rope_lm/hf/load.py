@@ -46,8 +46,18 @@ def read_config(directory: str) -> dict:
     path = os.path.join(directory, "config.json")
     if not os.path.exists(path):
         raise ConfigError(f"{directory} has no config.json; is it a transformers model directory?")
-    with open(path) as f:
-        return json.load(f)
+    try:
+        with open(path, encoding="utf-8") as f:
+            config = json.load(f)
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{path} is not valid JSON: {e.msg} at line {e.lineno}, column {e.colno}. Fix the file "
+                          f"(or write it again with save_pretrained).") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{path} could not be read as UTF-8 text ({type(e).__name__}: {e}).") from None
+    if not isinstance(config, dict):
+        raise ConfigError(f"{path} holds a JSON {type(config).__name__}, not the object of settings a transformers "
+                          f"config.json holds.")
+    return config
 
 
 def build_empty(settings: dict, dtype: torch.dtype):
