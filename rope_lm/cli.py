@@ -115,13 +115,14 @@ def _check_folder(path: str, setting: str) -> None:
 
 
 def _check_cache_folder(config) -> None:
-    """data.cache_dir too, where the app has one: a refusal there after Hydra made the run folder would
-    leave a half-made run behind."""
+    """data.cache_dir too, where the app has one and it is still to be made: a refusal there after Hydra
+    made the run folder would leave a half-made run behind. A read-only cache folder that exists is
+    left to the cache (a complete cache there is read, not written)."""
     try:
         cache_dir = OmegaConf.select(config, "data.cache_dir")
     except Exception:  # an interpolation this app cannot resolve yet: the run's own checks report it
         return
-    if cache_dir:
+    if cache_dir and not os.path.exists(cache_dir):  # an existing one may hold a complete cache to read
         _check_folder(cache_dir, "data.cache_dir")
 
 

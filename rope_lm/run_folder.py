@@ -254,6 +254,11 @@ class RunFolder:
             return Resume(ckpt, steps)
         if not cont:
             taken = self.taken()
+            if taken == [self.results] and self.state()["state"] == Status.FAILED:
+                # Only the record of a run that failed before it trained a step (a refused setting):
+                # nothing to keep but that record, which this run replaces.
+                os.remove(self.file(self.results))
+                taken = []
             if taken:
                 raise ConfigError(self._refusal(taken, what, settings))
             self.new = True
