@@ -78,8 +78,10 @@ def resume_args(argv: list[str]) -> list[str]:
     rest = [a for a in argv if not a.startswith("resume=")]
     with user_errors():
         _refuse_group_choices(rest, runs[-1], saved)
+    # ckpt_path= given too picks another checkpoint of the run (e.g. checkpoints/best.ckpt when last.ckpt is damaged).
+    ckpt = [] if any(a.startswith("ckpt_path=") for a in rest) else [f"ckpt_path={run}"]
     return ["--config-path", os.path.dirname(saved), "--config-name", os.path.basename(saved)[: -len(".yaml")],
-            *rest, f"ckpt_path={run}", f"hydra.run.dir={run}"]
+            *rest, *ckpt, f"hydra.run.dir={run}"]
 
 
 def _check_readable(saved: str, given: str) -> None:

@@ -96,7 +96,34 @@ def resolve_checkpoint(path: str | None, setting: str = "ckpt") -> str:
 
 def read_checkpoint(path: str) -> dict:
     """The checkpoint dict of a rope-lm .ckpt file, or a ConfigError that says
-    why it is not one (empty, unreadable, another kind of file)."""
+    why it is not one (empty, unreadable, another kind of file) and names an
+    intact checkpoint beside it, if there is one."""
+    try:
+        return _read_checkpoint(path)
+    except ConfigError as e:
+        intact = _intact_siblings(path)
+        if not intact:
+            raise
+        shown = "; ".join(f"{p} (step {step})" for p, step in intact)
+        raise ConfigError(f"{e} The folder also holds an intact checkpoint: {shown}. To resume from it: python "
+                          f"train.py resume=<run> ckpt_path={intact[0][0]}; or give it as ckpt= to evaluate it.") from None
+
+
+def _intact_siblings(path: str) -> list[tuple[str, int]]:
+    """Other readable rope-lm checkpoints in the folder of a damaged one, newest step first."""
+    folder = os.path.dirname(os.path.abspath(path))
+    found = []
+    for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
+        other = os.path.join(folder, name)
+        if name.endswith(".ckpt") and os.path.abspath(other) != os.path.abspath(path):
+            try:
+                found.append((other, int(_read_checkpoint(other).get("global_step") or 0)))
+            except ConfigError:
+                continue
+    return sorted(found, key=lambda f: -f[1])
+
+
+def _read_checkpoint(path: str) -> dict:
     try:
         size = os.path.getsize(path)
     except OSError as e:

@@ -6,7 +6,7 @@ import dataclasses
 from rope_lm.checkpointing import check_resumable, read_checkpoint
 from rope_lm.config import RunConfig
 from rope_lm.errors import ConfigError
-from rope_lm.trained import write_tokenizer
+from rope_lm.trained import read_text, write_tokenizer
 
 
 def own_tokenizer(data_cfg, tokenizer_json: str | None, out_dir: str, given_as: str, why: str):
@@ -17,7 +17,7 @@ def own_tokenizer(data_cfg, tokenizer_json: str | None, out_dir: str, given_as: 
     if not tokenizer_json:
         return data_cfg
     given = data_cfg.tokenizer_file
-    if given and _read(given) != tokenizer_json:
+    if given and read_text(given) != tokenizer_json:
         raise ConfigError(
             f"data.tokenizer_file={given!r} is not the tokenizer {given_as} was trained with; {why}: leave "
             f"data.tokenizer_file unset and the checkpoint's own tokenizer is used."
@@ -50,10 +50,3 @@ def check_resume(ckpt_path: str, run: RunConfig, out_dir: str) -> dict:
     return {"data_cfg": data_cfg, "corpus": (corpus, f"the checkpoint {ckpt_path}") if corpus else None,
             "hparams": hp, "steps": done}
 
-
-def _read(path: str) -> str:
-    try:
-        with open(path) as f:
-            return f.read()
-    except OSError as e:
-        raise ConfigError(f"{path} cannot be read ({e.strerror}).") from None

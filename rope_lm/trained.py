@@ -118,12 +118,12 @@ def read_start(source: str, setting: str = "init_from") -> dict:
 def write_tokenizer(tokenizer_json: str, directory: str) -> str:
     """The checkpoint's tokenizer as <directory>/tokenizer.json."""
     path = os.path.join(directory, "tokenizer.json")
-    if not os.path.exists(path) or _read(path) != tokenizer_json:
+    if not os.path.exists(path) or read_text(path) != tokenizer_json:
         atomic_write(path, tokenizer_json)
     return path
 
 
-def _read(path: str) -> str:
+def read_text(path: str) -> str:
     try:
         with open(path) as f:
             return f.read()

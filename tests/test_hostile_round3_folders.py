@@ -180,3 +180,57 @@ def test_a_rerun_of_the_same_command_is_told_about_existing_continue(ckpt_run, t
     other = train(run_args(tiny_data_options, run, **{"trainer.max_steps": 8}))
     assert "already holds another run's files" in one_paragraph(other, 2)
     assert digest(run) == before
+
+
+def test_a_run_refused_before_training_can_be_run_again_fixed_in_the_same_folder(tiny_data_options, tmp_path):
+    run = tmp_path / "run"
+    refused = train(run_args(tiny_data_options, run, **{"data.path": "/dev/zero"}))
+    assert "is a character device" in one_paragraph(refused, 2)
+    assert json.loads((run / "results.json").read_text())["status"] == "failed"  # the failure is on record
+    fixed = train(run_args(tiny_data_options, run))
+    assert fixed.returncode == 0, fixed.stderr[-2000:]
+    assert json.loads((run / "results.json").read_text())["status"] == "complete"
+
+
+def test_resume_with_existing_continue_skips_a_complete_run(ckpt_run, tmp_path):
+    run = copy_run(ckpt_run, tmp_path)
+    before = digest(run)
+    done = train([f"resume={run}", "existing=continue"])
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "its results are complete; skipped" in done.stderr
+    assert digest(run) == before  # not evaluated again, nothing rewritten
+
+
+def test_ckpt_and_hf_together_are_refused(ckpt_run, tmp_path):
+    done = evaluate([f"ckpt={ckpt_run}", f"hf={tmp_path}"])
+    assert "are both set; give one" in one_paragraph(done, 2)
+
+
+def test_a_status_word_this_version_does_not_know_is_never_complete(tmp_path):
+    from rope_lm.run_folder import RunFolder, Status
+
+    (tmp_path / "results.json").write_text(json.dumps({"status": "finished-ish", "results": []}))
+    assert RunFolder(str(tmp_path)).state()["state"] == Status.NO_RESULTS
+    assert Status.read("completed") == Status.COMPLETE and Status.read(None) == Status.COMPLETE  # older files
+
+
+def test_a_run_yaml_that_is_not_yaml_is_named(ckpt_run, tiny_data_options, tmp_path):
+    run = copy_run(ckpt_run, tmp_path)
+    (run / "run.yaml").write_text("model: [unclosed\n")
+    resumed = train([f"resume={run}"])
+    assert "run.yaml cannot be read" in one_paragraph(resumed, 2)
+    continued = train(run_args(tiny_data_options, run, existing="continue"))
+    assert "run.yaml (the settings this folder's run recorded) cannot be read" in one_paragraph(continued, 2)
+
+
+def test_a_damaged_last_checkpoint_names_the_intact_one_beside_it(ckpt_run, tmp_path):
+    run = copy_run(ckpt_run, tmp_path)
+    last = run / "checkpoints" / "last.ckpt"
+    last.write_bytes(last.read_bytes()[:4096])  # cut short, as a copy or a disk can leave it
+    message = one_paragraph(train([f"resume={run}", "trainer.max_steps=8"]), 2)
+    best = run / "checkpoints" / "best.ckpt"
+    assert "is not a checkpoint" in message and f"intact checkpoint: {best} (step" in message
+    assert f"ckpt_path={best}" in message
+    again = train([f"resume={run}", f"ckpt_path={best}", "trainer.max_steps=8"])  # the command it names
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert json.loads((run / "results.json").read_text())["training"]["steps"] == 8

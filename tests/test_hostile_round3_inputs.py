@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from tests.conftest import ROOT, cli_overrides, write_corpus
+from tests.test_lost_work import one_paragraph
 
 FAST = {"trainer.max_steps": 4, "trainer.val_every_n_steps": 2, "trainer.ckpt_every_n_steps": 2,
         "trainer.log_every_n_steps": 1}
@@ -25,14 +26,6 @@ def run(script, args, env=None, timeout=300, unset=()):
     environ = {k: v for k, v in os.environ.items() if k not in unset}
     return subprocess.run([sys.executable, os.path.join(ROOT, script), *args], cwd=ROOT, capture_output=True,
                           text=True, timeout=timeout, env={**environ, "PYTHONPATH": ROOT, **(env or {})})
-
-
-def one_paragraph(proc, status):
-    assert proc.returncode == status, proc.stderr[-3000:]
-    assert "Traceback" not in proc.stderr + proc.stdout
-    message = proc.stderr.strip().split("\n\n")[-1]
-    assert message.startswith("rope-lm: "), proc.stderr[-2000:]
-    return " ".join(message.split())
 
 
 def digest(folder) -> dict:
