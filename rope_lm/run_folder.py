@@ -174,6 +174,9 @@ class RunFolder:
         rows = results.get("results") or []
         expected = (results.get("eval") or {}).get("lengths") or []
         methods = max(1, len(results.get("methods") or {}))
+        if status == Status.NO_RESULTS:
+            return {"dir": self.path, "state": status,
+                    "detail": f"{self.results} records a status this version does not know ({results.get('status')!r})"}
         if status == Status.FAILED:
             return {"dir": self.path, "state": status, "detail": results.get("error") or "failed"}
         if status == Status.INTERRUPTED:

@@ -108,8 +108,8 @@ STOP_AFTER = """
     real = E.write_views
     def write_views(results, out_dir, draw=True):
         real(results, out_dir, draw)
-        if len(results["results"]) == {rows}:  # SIGTERM arrives while the evaluation goes on
-            os.kill(os.getpid(), signal.SIGTERM)
+        if len(results["results"]) == {rows}:  # the signal arrives while the evaluation goes on
+            os.kill(os.getpid(), signal.{signal})
     E.write_views = write_views
     import runpy
     sys.argv[0] = {script!r}
@@ -117,9 +117,9 @@ STOP_AFTER = """
 """
 
 
-def stopping(tmp_path, script, rows):
+def stopping(tmp_path, script, rows, signal="SIGTERM"):
     path = tmp_path / "stop_after.py"
-    path.write_text(textwrap.dedent(STOP_AFTER).format(rows=rows, script=script))
+    path.write_text(textwrap.dedent(STOP_AFTER).format(rows=rows, script=script, signal=signal))
     return str(path)
 
 
@@ -234,3 +234,11 @@ def test_a_damaged_last_checkpoint_names_the_intact_one_beside_it(ckpt_run, tmp_
     again = train([f"resume={run}", f"ckpt_path={best}", "trainer.max_steps=8"])  # the command it names
     assert again.returncode == 0, again.stderr[-2000:]
     assert json.loads((run / "results.json").read_text())["training"]["steps"] == 8
+
+
+def test_ctrl_c_during_an_evaluation_is_one_paragraph_with_the_shells_status(ckpt_run, tmp_path):
+    out = tmp_path / "eval"
+    args = [f"ckpt={ckpt_run}", "eval.multipliers=[1,2,4]", f"out={out}"]
+    stopped = evaluate(args, script=stopping(tmp_path, EVAL, rows=2, signal="SIGINT"))
+    message = one_paragraph(stopped, 130)
+    assert "Stopped by a signal during the evaluation of method none" in message and "2 of 3 lengths" in message
