@@ -188,3 +188,10 @@ def source_info(directory: str) -> dict | None:
         return None
     with open(path) as f:
         return json.load(f)
+
+
+def source_of(path_or_name: str) -> dict | None:
+    """source_info for what hf= names, for a results file: the converted
+    folder's record for GGUF input (converting only if not done yet), None
+    for a transformers folder or hub name."""
+    return source_info(converted_folder(path_or_name)) if is_gguf(path_or_name) else None
