@@ -167,6 +167,20 @@ def test_missing_gguf_reader_names_what_to_install(tmp_path, monkeypatch):
     assert not (tmp_path / "cache").exists()
 
 
+def test_missing_transformers_names_what_to_install(tmp_path, monkeypatch):
+    import rope_lm.hf.gguf as gguf_input
+    from rope_lm.hf.load import resolve
+
+    path = tmp_path / "m.Q4_1.gguf"
+    path.write_bytes(b"GGUF")
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(gguf_input.importlib.util, "find_spec",
+                        lambda name, *a: None if name == "accelerate" else real_find_spec(name, *a))
+    monkeypatch.setenv("ROPE_LM_GGUF_CACHE", str(tmp_path / "cache"))
+    with pytest.raises(ConfigError, match=r"needs accelerate, not installed.*pip install -e \.\[real\]"):
+        resolve(str(path))
+
+
 def test_eval_script_refuses_a_missing_package_in_one_paragraph():
     r = subprocess.run([sys.executable, "scripts/eval_extrapolation.py", "hf=pkg:no_such_model_pkg"], cwd=ROOT,
                        env={**os.environ, "PYTHONPATH": ROOT}, capture_output=True, text=True, timeout=120)

