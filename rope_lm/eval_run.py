@@ -134,8 +134,12 @@ def evaluate_checkpoint(ckpt_path: str | None, methods: list[dict], eval_options
     config = {"ckpt_path": trained.path if imported else os.path.abspath(trained.path), "model": hp["model"],
               "pos": hp["pos"], "trained_scaling": hp.get("scaling"), "data": None, "eval": eval_options,
               "methods": methods}
+    if imported:  # a GGUF file names its quantisation (None for a transformers folder)
+        from rope_lm.hf.gguf import source_of
+
+        config["gguf"] = source_of(imported)
     if out_dir is None:
-        home = (os.path.join("outputs", "eval", imported.strip("/").replace("/", "--")) if imported
+        home = (os.path.join("outputs", "eval", imported.strip("/").replace("/", "--").replace(":", "-")) if imported
                 else _run_eval_home(trained.path))
         out_dir = fresh_dir(os.path.join(home, "-".join(labels)[:80] or "none"))
     folder = RunFolder(out_dir)
