@@ -8,7 +8,7 @@ import torch
 
 from rope_lm.errors import ConfigError
 from rope_lm.hf.config import settings_from_hf
-from rope_lm.hf import gguf as gguf_input
+from rope_lm.hf.gguf import converted_folder, is_gguf, source_info
 from rope_lm.hf.weights import load_weights
 
 
@@ -30,8 +30,8 @@ def resolve(path_or_name: str, revision: str | None = None) -> str:
     one, pkg:<installed package>) converted once into a cached one, else a
     hub name downloaded (config, safetensors and tokenizer files only) into
     the Hugging Face cache."""
-    if gguf_input.is_gguf(path_or_name):
-        return gguf_input.converted_folder(path_or_name)
+    if is_gguf(path_or_name):
+        return converted_folder(path_or_name)
     if os.path.isdir(path_or_name):
         return path_or_name
     if os.path.exists(path_or_name) or path_or_name.count("/") != 1:
@@ -102,7 +102,7 @@ def load_hf(path_or_name: str, dtype: torch.dtype = torch.float32, sliding_windo
     tokenizer, tokenizer_json = None, None
     tok_path = os.path.join(directory, "tokenizer.json")
     notes = []
-    source = gguf_input.source_info(directory)
+    source = source_info(directory)
     if source:  # dequantised weights no longer show what they were
         settings["quantisation"] = source["quantisation"]
         notes.append(f"converted from {source['gguf_file']} ({source['quantisation']}, dequantised to float32)")
