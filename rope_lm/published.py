@@ -174,10 +174,9 @@ def _shown(name: str, point: dict, metric: str) -> str:
 
 def _separated(better: dict, worse: dict, metric: str) -> bool | None:
     """True: `better` is lower beyond both bands; False: higher beyond them;
-    None: the bands overlap (noise decides). Without bands (a study with one
-    seed and no intervals) the values alone decide."""
-    b, w = better.get(f"{metric}_band"), worse.get(f"{metric}_band")
-    if b and w and b[1] >= w[0] and w[1] >= b[0]:
+    None: the bands overlap (noise decides)."""
+    b, w = better[f"{metric}_band"], worse[f"{metric}_band"]
+    if b[1] >= w[0] and w[1] >= b[0]:
         return None
     return better[metric] < worse[metric]
 
@@ -192,11 +191,9 @@ def _ordered(points: dict[str, dict], order: list[str], metric: str) -> tuple[st
             tied.append(f"{a} ~ {b}")
         elif not sep:
             reversed_.append(f"{b} < {a}")
-    if reversed_:
-        return NOT_MATCHED, "reversed beyond the intervals: " + ", ".join(reversed_)
-    if tied:
-        return TIED, "within the intervals: " + ", ".join(tied)
-    return MATCHED, ""
+    why = "; ".join(([f"reversed beyond the intervals: {', '.join(reversed_)}"] if reversed_ else []) +
+                    ([f"within the intervals: {', '.join(tied)}"] if tied else []))
+    return (NOT_MATCHED if reversed_ else TIED if tied else MATCHED), why
 
 
 def ppl_order(claim: dict, rows: list[dict]) -> Verdict:
@@ -236,6 +233,9 @@ def flat_beyond_window(claim: dict, rows: list[dict]) -> Verdict:
     missing = [k for k in ks if "ppl_rel" not in w.get(k, {})]
     if missing:
         return Verdict(f"{flat.ours}; control missing: no {control} result at {', '.join(f'{k:g}' for k in missing)} x L",
+                       NOT_COMPARABLE)
+    if not all("ppl_rel_band" in s[k] and "ppl_rel_band" in w[k] for k in ks):
+        return Verdict(f"{flat.ours}; no intervals or seeds in this study to tell it from the {control} control",
                        NOT_COMPARABLE)
     sep = {k: _separated(s[k], w[k], "ppl_rel") for k in ks}
     far = ks[-1]
