@@ -283,6 +283,9 @@ def task_mrr(claim: dict, rows: list[dict]) -> Verdict:
 
 RULES = {"ratio_between": ratio_between, "ratio_at_most": ratio_at_most, "ppl_order": ppl_order,
          "flat_beyond_window": flat_beyond_window, "task_mrr": task_mrr}
+PARAMETERS = {"ratio_between": ("series", "multiplier"), "ratio_at_most": ("series", "from_multiplier", "max"),
+              "ppl_order": ("multiplier", "order"), "flat_beyond_window": ("series", "from_multiplier", "max", "control"),
+              "task_mrr": ("above", "below")}
 TASK_RULES = {"task_mrr"}
 
 
@@ -317,6 +320,10 @@ def check_claims(claims: list[dict], studies: dict[str, list[str]]) -> list[dict
         if missing or c["rule"] not in RULES:
             raise ConfigError(f"Claim {c.get('id', '?')!r} needs id, study, source, published and a rule among "
                               f"{', '.join(RULES)} (missing: {', '.join(missing) or 'a known rule'}).")
+        lacking = [k for k in PARAMETERS[c["rule"]] if k not in c]
+        if lacking:
+            raise ConfigError(f"Claim {c['id']!r} (rule {c['rule']}) needs {', '.join(PARAMETERS[c['rule']])} "
+                              f"(missing: {', '.join(lacking)}); see conf/published.yaml.")
     out, cache = [], {}
     for c in claims:
         entries = studies.get(c["study"]) or []

@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from rope_lm import published as P
+from rope_lm.errors import ConfigError
 from rope_lm.compare import compare
 from rope_lm.task_compare import compare_tasks
 from tests.conftest import ROOT
@@ -273,3 +274,9 @@ def test_alibi_flat_without_a_window_control_is_not_counted(tmp_path):
                   ppl_rel_hi=r["ppl_rel_hi"] + worse(r))
              for r in alibi_no_better_than_window()]
     assert P.RULES[c["rule"]](c, beats).verdict == P.MATCHED
+
+
+def test_a_claim_missing_a_setting_of_its_rule_is_refused_before_any_reading(tmp_path):
+    c = claim(id="flat", rule="flat_beyond_window", series="alibi", from_multiplier=2, max=1.05)
+    with pytest.raises(ConfigError, match="'flat' .*needs series, from_multiplier, max, control .missing: control"):
+        P.check_claims([c], {"pe": [str(tmp_path / "nowhere")]})
