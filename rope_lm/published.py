@@ -7,10 +7,11 @@ A verdict is "matched", "not matched", "tied" (the order holds or fails only
 within the intervals: noise decides it, so it is not a match), or "not
 comparable" (the study was not run, or lacks a length, scheme or control the
 rule reads). A claim is checked on every folder of its study and counted once:
-matched where it matched on at least one folder, the rows saying on how many. Perplexity rules read the
-rows compare.py writes (compare.csv, or the same rows computed from run
-folders); task rules read exact match past the training sizes from
-compare_tasks.csv or task_results.json files and rank the schemes per task.
+matched where it matched on at least one folder, the rows saying on how many.
+Perplexity rules read the rows compare.py writes (compare.csv, or the same
+rows computed from run folders); task rules read exact match past the
+training sizes from compare_tasks.csv or task_results.json files and rank
+the schemes per task.
 """
 
 from dataclasses import dataclass
@@ -223,7 +224,7 @@ def flat_beyond_window(claim: dict, rows: list[dict]) -> Verdict:
     nothing past L) by more than their intervals, relative to each one's PPL at
     L: flat alone is what a model that ignores far context gives too."""
     flat = ratio_at_most(claim, rows)
-    if flat.verdict == NOT_COMPARABLE:
+    if flat.verdict != MATCHED:  # not flat: no control can make it so
         return flat
     control = claim["control"]
     s, w = _series(rows, claim["series"]), _series(rows, control)
@@ -241,9 +242,9 @@ def flat_beyond_window(claim: dict, rows: list[dict]) -> Verdict:
     far = ks[-1]
     shown = f"{flat.ours}; at {far:g} x L {_shown(claim['series'], s[far], 'ppl_rel')} vs " \
             f"{_shown(control, w[far], 'ppl_rel')}"
-    if flat.verdict == NOT_MATCHED or any(v is False for v in sep.values()):
+    if any(v is False for v in sep.values()):
         worse = [f"{k:g}" for k, v in sep.items() if v is False]
-        return Verdict(shown + (f"; not below the control at {', '.join(worse)} x L" if worse else ""), NOT_MATCHED)
+        return Verdict(f"{shown}; above the control beyond the intervals at {', '.join(worse)} x L", NOT_MATCHED)
     if any(v is None for v in sep.values()):
         return Verdict(shown + "; within the intervals of the control at " +
                        ", ".join(f"{k:g}" for k, v in sep.items() if v is None) + " x L", TIED)

@@ -280,3 +280,15 @@ def test_a_claim_missing_a_setting_of_its_rule_is_refused_before_any_reading(tmp
     c = claim(id="flat", rule="flat_beyond_window", series="alibi", from_multiplier=2, max=1.05)
     with pytest.raises(ConfigError, match="'flat' .*needs series, from_multiplier, max, control .missing: control"):
         P.check_claims([c], {"pe": [str(tmp_path / "nowhere")]})
+
+
+def test_alibi_flat_fails_when_not_flat_and_when_worse_than_the_window():
+    (c,) = [c for c in published_claims() if c["id"] == "alibi_flat"]
+    climbs = [dict(r, ppl_rel=r["ppl_rel"] * 1.2) if r["scheme"] == "alibi" and r["length"] > 64 else r
+              for r in alibi_no_better_than_window()]
+    assert P.RULES[c["rule"]](c, [r for r in climbs if r["scheme"] == "alibi"]).verdict == P.NOT_MATCHED
+    # still flat (at most 1.02), but above the window's band (0.95-0.97) at every k x L
+    worse = [dict(r, ppl_rel=r["ppl_rel"] + 0.05, ppl_rel_lo=r["ppl_rel"] + 0.049, ppl_rel_hi=r["ppl_rel"] + 0.051)
+             if r["scheme"] == "alibi" and r["length"] > 64 else r for r in alibi_no_better_than_window()]
+    v = P.RULES[c["rule"]](c, worse)
+    assert v.verdict == P.NOT_MATCHED and "above the control beyond the intervals at 2, 4, 16 x L" in v.ours
