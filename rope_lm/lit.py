@@ -168,8 +168,8 @@ class LitLM(L.LightningModule):
 
 def build_optimizer(model: torch.nn.Module, o: OptimConfig, max_steps: int):
     """(AdamW, per-step LR scheduler) as LitLM trains with: weight decay on
-    matrices only (not on those a module lists in `no_weight_decay`), warmup then cosine decay over max_steps; fused on CUDA (or
-    as optim.fused says).
+    matrices only (not on those a module lists in `no_weight_decay`), warmup
+    then cosine decay over max_steps; fused on CUDA (or as optim.fused says).
     Public so that a loop outside Lightning (benchmarks/) steps the same
     optimizer."""
     # A module names the parameters that must keep their initial values where training never
