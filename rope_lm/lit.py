@@ -168,12 +168,15 @@ class LitLM(L.LightningModule):
 
 def build_optimizer(model: torch.nn.Module, o: OptimConfig, max_steps: int):
     """(AdamW, per-step LR scheduler) as LitLM trains with: weight decay on
-    matrices only, warmup then cosine decay over max_steps; fused on CUDA (or
-    as optim.fused says).
+    matrices only (not on those a module lists in `no_weight_decay`), warmup
+    then cosine decay over max_steps; fused on CUDA (or as optim.fused says).
     Public so that a loop outside Lightning (benchmarks/) steps the same
     optimizer."""
-    decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
+    # A module names the parameters that must keep their initial values where training never
+    # reaches them (the learned position table's rows past L): weight decay would shrink them.
+    kept = {id(getattr(m, name)) for m in model.modules() for name in getattr(m, "no_weight_decay", ())}
+    decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2 and id(p) not in kept]
+    no_decay = [p for p in model.parameters() if p.requires_grad and (p.dim() < 2 or id(p) in kept)]
     fused = o.fused if o.fused is not None else bool(decay) and all(p.is_cuda for p in decay)
     opt = torch.optim.AdamW(
         [{"params": decay, "weight_decay": o.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],

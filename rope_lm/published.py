@@ -3,11 +3,15 @@ its source, the published figure and a rule with its thresholds) is checked
 against a study's results by the rule's pure function, which says what ours
 is and whether it matched.
 
-A verdict is "matched", "not matched", or "not comparable" (the study was not
-run, or lacks a length or scheme the rule reads). Perplexity rules read the
-rows compare.py writes (compare.csv, or the same rows computed from run
-folders); task rules read exact match past the training sizes from
-compare_tasks.csv or task_results.json files.
+A verdict is "matched", "not matched", "tied" (the order holds or fails only
+within the intervals: noise decides it, so it is not a match), or "not
+comparable" (the study was not run, or lacks a length, scheme or control the
+rule reads). A claim is checked on every folder of its study and counted once:
+matched where it matched on at least one folder, the rows saying on how many.
+Perplexity rules read the rows compare.py writes (compare.csv, or the same
+rows computed from run folders); task rules read exact match past the
+training sizes from compare_tasks.csv or task_results.json files and rank
+the schemes per task.
 """
 
 from dataclasses import dataclass
@@ -21,7 +25,8 @@ from rope_lm.tables import markdown_table
 
 log = logging.getLogger("rope_lm")
 
-MATCHED, NOT_MATCHED, NOT_COMPARABLE = "matched", "not matched", "not comparable"
+MATCHED, NOT_MATCHED, TIED, NOT_COMPARABLE = "matched", "not matched", "tied", "not comparable"
+VERDICTS = (MATCHED, NOT_MATCHED, TIED, NOT_COMPARABLE)
 
 
 @dataclass
@@ -120,8 +125,18 @@ def _series(rows: list[dict], name: str, train_len: str = "min") -> dict[float, 
     for r in mine:
         if r["train_len"] == pick and r.get("ppl") is not None:
             by.setdefault(round(r["ratio"], 6), []).append(r)
-    return {k: {c: sum(r[c] for r in v) / len(v) for c in ("ppl", "ppl_rel") if all(r.get(c) is not None for r in v)}
-            for k, v in by.items()}
+    out = {}
+    for k, v in by.items():
+        out[k] = {c: sum(r[c] for r in v) / len(v) for c in ("ppl", "ppl_rel") if all(r.get(c) is not None for r in v)}
+        for c in ("ppl", "ppl_rel"):
+            # The noise band: each run's interval where the study has one, and across seeds
+            # their spread too (the lowest low to the highest high).
+            lows = [r.get(f"{c}_lo") for r in v]
+            highs = [r.get(f"{c}_hi") for r in v]
+            if c in out[k] and (len(v) > 1 or all(isinstance(x, float) for x in lows + highs)):
+                out[k][f"{c}_band"] = (min(x if isinstance(x, float) else r[c] for x, r in zip(lows, v)),
+                                       max(x if isinstance(x, float) else r[c] for x, r in zip(highs, v)))
+    return out
 
 
 class Ambiguous(Exception):
@@ -149,64 +164,153 @@ def ratio_at_most(claim: dict, rows: list[dict]) -> Verdict:
                    f"{worst:g} x L)", MATCHED if past[worst] <= claim["max"] else NOT_MATCHED)
 
 
+def _fmt(v: float, metric: str) -> str:
+    return f"{v:.{3 if metric == 'ppl_rel' else 1}f}"
+
+
+def _shown(name: str, point: dict, metric: str) -> str:
+    band = point.get(f"{metric}_band")
+    return f"{name} {_fmt(point[metric], metric)}" + (f" [{_fmt(band[0], metric)}, {_fmt(band[1], metric)}]" if band else "")
+
+
+def _separated(better: dict, worse: dict, metric: str) -> bool | None:
+    """True: `better` is lower beyond both bands; False: higher beyond them;
+    None: the bands overlap (noise decides)."""
+    b, w = better[f"{metric}_band"], worse[f"{metric}_band"]
+    if b[1] >= w[0] and w[1] >= b[0]:
+        return None
+    return better[metric] < worse[metric]
+
+
+def _ordered(points: dict[str, dict], order: list[str], metric: str) -> tuple[str, str]:
+    """(verdict, what decided it) for the claim that `order` runs from the lowest
+    `metric` up: every neighbour pair must be separated beyond its bands."""
+    tied, reversed_ = [], []
+    for a, b in zip(order, order[1:]):
+        sep = _separated(points[a], points[b], metric)
+        if sep is None:
+            tied.append(f"{a} ~ {b}")
+        elif not sep:
+            reversed_.append(f"{b} < {a}")
+    why = "; ".join(([f"reversed beyond the intervals: {', '.join(reversed_)}"] if reversed_ else []) +
+                    ([f"within the intervals: {', '.join(tied)}"] if tied else []))
+    return (NOT_MATCHED if reversed_ else TIED if tied else MATCHED), why
+
+
 def ppl_order(claim: dict, rows: list[dict]) -> Verdict:
     """The series in claim['order'] (best first) have increasing `metric`
-    (ppl or ppl_rel) at the multiplier, in the group trained at `train_len`."""
+    (ppl or ppl_rel) at the multiplier, in the group trained at `train_len`;
+    each neighbour pair apart by more than its intervals (or seed spread)."""
     k, metric = float(claim["multiplier"]), claim.get("metric", "ppl")
-    values = {}
+    points = {}
     for name in claim["order"]:
-        v = (_series(rows, name, claim.get("train_len", "min")).get(k) or {}).get(metric)
-        if v is None:
+        p = _series(rows, name, claim.get("train_len", "min")).get(k) or {}
+        if p.get(metric) is None:
             return Verdict(f"no {name} result at {k:g} x L", NOT_COMPARABLE)
-        values[name] = v
-    ours = sorted(values, key=values.get)
-    shown = " < ".join(f"{n} {values[n]:.{3 if metric == 'ppl_rel' else 1}f}" for n in ours)
-    return Verdict(f"{shown} ({metric} at {k:g} x L)", MATCHED if ours == list(claim["order"]) else NOT_MATCHED)
+        points[name] = p
+    ours = sorted(points, key=lambda n: points[n][metric])
+    shown = " < ".join(_shown(n, points[n], metric) for n in ours)
+    if not all(f"{metric}_band" in p for p in points.values()):
+        # One seed and no intervals: nothing tells the order from noise.
+        return Verdict(f"{shown} ({metric} at {k:g} x L); no intervals or seeds in this study to tell the order "
+                       f"from noise", NOT_COMPARABLE)
+    verdict, why = _ordered(points, list(claim["order"]), metric)
+    return Verdict(f"{shown} ({metric} at {k:g} x L)" + (f"; {why}" if why else ""), verdict)
 
 
-def task_ranking(claim: dict, rows: list[dict]) -> Verdict:
-    """Every scheme in `above` has a higher mean exact match past the training
-    sizes (over the tasks every listed scheme was run on) than every scheme in
-    `below`."""
+def flat_beyond_window(claim: dict, rows: list[dict]) -> Verdict:
+    """The series at k x L (every k >= from_multiplier) is at most `max` times
+    its PPL at L, and below the window-L control (`control`, a model that reads
+    nothing past L) by more than their intervals, relative to each one's PPL at
+    L: flat alone is what a model that ignores far context gives too."""
+    flat = ratio_at_most(claim, rows)
+    if flat.verdict != MATCHED:  # not flat: no control can make it so
+        return flat
+    control = claim["control"]
+    s, w = _series(rows, claim["series"]), _series(rows, control)
+    ks = sorted(k for k in s if k >= float(claim["from_multiplier"]) and "ppl_rel" in s[k])
+    if not w:
+        return Verdict(f"{flat.ours}; control missing: no {control} (window-L) run in this study", NOT_COMPARABLE)
+    missing = [k for k in ks if "ppl_rel" not in w.get(k, {})]
+    if missing:
+        return Verdict(f"{flat.ours}; control missing: no {control} result at {', '.join(f'{k:g}' for k in missing)} x L",
+                       NOT_COMPARABLE)
+    if not all("ppl_rel_band" in s[k] and "ppl_rel_band" in w[k] for k in ks):
+        return Verdict(f"{flat.ours}; no intervals or seeds in this study to tell it from the {control} control",
+                       NOT_COMPARABLE)
+    sep = {k: _separated(s[k], w[k], "ppl_rel") for k in ks}
+    far = ks[-1]
+    shown = f"{flat.ours}; at {far:g} x L {_shown(claim['series'], s[far], 'ppl_rel')} vs " \
+            f"{_shown(control, w[far], 'ppl_rel')}"
+    if any(v is False for v in sep.values()):
+        worse = [f"{k:g}" for k, v in sep.items() if v is False]
+        return Verdict(f"{shown}; above the control beyond the intervals at {', '.join(worse)} x L", NOT_MATCHED)
+    if any(v is None for v in sep.values()):
+        return Verdict(shown + "; within the intervals of the control at " +
+                       ", ".join(f"{k:g}" for k, v in sep.items() if v is None) + " x L", TIED)
+    return Verdict(shown, MATCHED)
+
+
+def task_mrr(claim: dict, rows: list[dict]) -> Verdict:
+    """Mean reciprocal rank over tasks (Kazemnejad et al.): per task the schemes
+    are ranked by exact match past the training sizes (mean over seeds; equal
+    accuracies share the better rank), and each scheme's 1/rank is averaged over
+    the tasks every ranked scheme was run on. Every scheme in `above` must have
+    a higher MRR than every scheme in `below`; `extra` schemes are ranked and
+    shown but not part of the claim."""
     names = list(claim["above"]) + list(claim["below"])
-    tasks = set.intersection(*[{r["task"] for r in rows if r["scheme"] == n and r["method"] == "none"} or set()
-                               for n in names]) if rows else set()
+    ranked = names + [n for n in claim.get("extra", []) if n not in names]
+    run = lambda n: {r["task"] for r in rows if r["scheme"] == n and r["method"] == "none"}
+    absent = [n for n in names if not run(n)]
+    if not rows or len(absent) == len(names):
+        return Verdict("no task sweep with any of " + ", ".join(names), NOT_COMPARABLE)
+    present = [n for n in ranked if run(n)]
+    tasks = set.intersection(*[run(n) for n in present])
     if not tasks:
-        return Verdict("no task sweep with all of " + ", ".join(names), NOT_COMPARABLE)
-    mean = {}
-    for n in names:
-        per_task = {}
-        for r in rows:
-            if r["scheme"] == n and r["method"] == "none" and r["task"] in tasks:
-                per_task.setdefault(r["task"], []).append(r["accuracy"])
-        mean[n] = sum(sum(v) / len(v) for v in per_task.values()) / len(per_task)
-    ours = sorted(names, key=mean.get, reverse=True)
-    shown = " > ".join(f"{n} {100 * mean[n]:.0f}%" for n in ours)
-    ok = min(mean[n] for n in claim["above"]) > max(mean[n] for n in claim["below"])
-    return Verdict(f"{shown} (mean exact match past the training sizes, {len(tasks)} tasks)",
-                   MATCHED if ok else NOT_MATCHED)
+        return Verdict("no task that every one of " + ", ".join(present) + " was run on", NOT_COMPARABLE)
+    acc = {}
+    for r in rows:
+        if r["method"] == "none" and r["scheme"] in present and r["task"] in tasks:
+            acc.setdefault((r["task"], r["scheme"]), []).append(r["accuracy"])
+    acc = {key: sum(v) / len(v) for key, v in acc.items()}
+    mrr = {n: sum(1 / (1 + sum(acc[t, o] > acc[t, n] for o in present)) for t in tasks) / len(tasks) for n in present}
+    ours = sorted(present, key=mrr.get, reverse=True)
+    shown = " > ".join(f"{n} {mrr[n]:.2f}" for n in ours) + f" (mean reciprocal rank over {len(tasks)} tasks)"
+    if absent:
+        return Verdict(f"not comparable: no {', '.join(absent)} run; {shown}", NOT_COMPARABLE)
+    ok = min(mrr[n] for n in claim["above"]) > max(mrr[n] for n in claim["below"])
+    return Verdict(shown, MATCHED if ok else NOT_MATCHED)
 
 
 RULES = {"ratio_between": ratio_between, "ratio_at_most": ratio_at_most, "ppl_order": ppl_order,
-         "task_ranking": task_ranking}
-TASK_RULES = {"task_ranking"}
+         "flat_beyond_window": flat_beyond_window, "task_mrr": task_mrr}
+PARAMETERS = {"ratio_between": ("series", "multiplier"), "ratio_at_most": ("series", "from_multiplier", "max"),
+              "ppl_order": ("multiplier", "order"), "flat_beyond_window": ("series", "from_multiplier", "max", "control"),
+              "task_mrr": ("above", "below")}
+TASK_RULES = {"task_mrr"}
 
 
 def rule_text(claim: dict) -> str:
     """The rule in words, from its own parameters (so text and check never drift)."""
     r = claim["rule"]
+    budget = f" (needs a model trained on {claim['budget']})" if claim.get("budget") else ""
     if r == "ratio_between":
         lo, hi = claim.get("min"), claim.get("max")
         bounds = f"in [{lo}, {hi}]" if lo is not None and hi is not None else f">= {lo}" if lo is not None else f"<= {hi}"
-        return f"{claim['series']}: PPL({claim['multiplier']} x L) / PPL(L) {bounds}"
+        return f"{claim['series']}: PPL({claim['multiplier']} x L) / PPL(L) {bounds}{budget}"
     if r == "ratio_at_most":
-        return f"{claim['series']}: PPL(k x L) / PPL(L) <= {claim['max']} for every k >= {claim['from_multiplier']}"
+        return f"{claim['series']}: PPL(k x L) / PPL(L) <= {claim['max']} for every k >= {claim['from_multiplier']}{budget}"
+    if r == "flat_beyond_window":
+        return f"{claim['series']}: PPL(k x L) / PPL(L) <= {claim['max']} for every k >= {claim['from_multiplier']}, " \
+               f"and below {claim['control']}'s (attention limited to L) beyond the intervals{budget}"
     if r == "ppl_order":
         where = ", in the fine-tuned runs" if claim.get("train_len") == "max" else ""
-        return f"{claim.get('metric', 'ppl')} at {claim['multiplier']} x L{where}: " + " < ".join(claim["order"])
-    if r == "task_ranking":
-        return f"mean exact match past the training sizes: each of {', '.join(claim['above'])} > each of " \
-               f"{', '.join(claim['below'])}"
+        return f"{claim.get('metric', 'ppl')} at {claim['multiplier']} x L{where}: " + " < ".join(claim["order"]) + \
+            f", each pair apart beyond the intervals{budget}"
+    if r == "task_mrr":
+        extra = f" ({', '.join(claim['extra'])} ranked too, not in the claim)" if claim.get("extra") else ""
+        return f"mean reciprocal rank over tasks, exact match past the training sizes: each of " \
+               f"{', '.join(claim['above'])} > each of {', '.join(claim['below'])}{extra}{budget}"
     raise ConfigError(f"Unknown rule {r!r}; valid rules are {', '.join(RULES)}.")
 
 
@@ -217,6 +321,10 @@ def check_claims(claims: list[dict], studies: dict[str, list[str]]) -> list[dict
         if missing or c["rule"] not in RULES:
             raise ConfigError(f"Claim {c.get('id', '?')!r} needs id, study, source, published and a rule among "
                               f"{', '.join(RULES)} (missing: {', '.join(missing) or 'a known rule'}).")
+        lacking = [k for k in PARAMETERS[c["rule"]] if k not in c]
+        if lacking:
+            raise ConfigError(f"Claim {c['id']!r} (rule {c['rule']}) needs {', '.join(PARAMETERS[c['rule']])} "
+                              f"(missing: {', '.join(lacking)}); see conf/published.yaml.")
     out, cache = [], {}
     for c in claims:
         entries = studies.get(c["study"]) or []
@@ -255,19 +363,46 @@ def short_names(paths) -> dict[str, str]:
     return out
 
 
+def per_claim(rows: list[dict]) -> list[dict]:
+    """One row per claim: on how many of its folders it matched. A claim counts
+    once: matched where it matched on at least one folder; else not matched
+    where a folder contradicts it, tied where noise decided every comparable
+    folder, not comparable where none could be read."""
+    out = {}
+    for r in rows:
+        c = out.setdefault(r["id"], {"id": r["id"], "claim": r["claim"], "rule": r["rule"], "folders": 0,
+                                     **{v: 0 for v in VERDICTS}})
+        c["folders"] += 1
+        c[r["verdict"]] += 1
+    for c in out.values():
+        c["verdict"] = next(v for v in (MATCHED, NOT_MATCHED, TIED, NOT_COMPARABLE) if c[v])
+    return list(out.values())
+
+
+def summary_line(claims: list[dict]) -> str:
+    return f"claims matched: {sum(c['verdict'] == MATCHED for c in claims)} of {len(claims)}"
+
+
 def markdown(rows: list[dict]) -> str:
-    counts = {v: sum(r["verdict"] == v for r in rows) for v in (MATCHED, NOT_MATCHED, NOT_COMPARABLE)}
+    claims = per_claim(rows)
+    counts = {v: sum(r["verdict"] == v for r in rows) for v in VERDICTS}
     names = short_names(p for r in rows if r["results"] for p in r["results"].split(", "))
+    per = [[f"**{c['id']}**: {c['claim']}", c["rule"],
+            f"{c[MATCHED]} of {c['folders']}" + "".join(f", {v} on {c[v]}" for v in (NOT_MATCHED, TIED, NOT_COMPARABLE)
+                                                        if c[v]),
+            f"**{c['verdict']}**"] for c in claims]
     table = []
     for r in rows:
         where = f" ({' + '.join(names[p] for p in r['results'].split(', '))})" if r["results"] else ""
         table.append([f"**{r['id']}**{where}: {r['claim']}", r["published"], r["ours"], r["rule"], f"**{r['verdict']}**"])
-    lines = [f"{counts[MATCHED]} matched, {counts[NOT_MATCHED]} not matched, {counts[NOT_COMPARABLE]} not comparable.",
-             "", markdown_table(["claim", "published", "ours", "rule", "verdict"], table)]
+    lines = ["Per claim (a claim is matched where it matched on at least one of its study's folders):", "",
+             markdown_table(["claim", "rule", "matched on", "verdict"], per), "",
+             "Per folder: " + ", ".join(f"{counts[v]} {v}" for v in VERDICTS) + ".", "",
+             markdown_table(["claim", "published", "ours", "rule", "verdict"], table)]
     lines += ["", "Sources:", ""]
     for source in dict.fromkeys(r["source"] for r in rows):
         lines.append(f"* {source}")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + ["", summary_line(claims)]) + "\n"
 
 
 def to_json(rows: list[dict]) -> str:

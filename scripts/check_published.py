@@ -20,12 +20,12 @@ def main(cfg):
     a = OmegaConf.to_container(cfg, resolve=True)
     rows = check_claims(a["claims"], a["studies"])
     md = markdown(rows)
-    print(md)
     if a["out"]:
         os.makedirs(a["out"], exist_ok=True)
         atomic_write(os.path.join(a["out"], "check_published.md"), md)
         atomic_write(os.path.join(a["out"], "check_published.json"), to_json(rows))
-        print(f"Written: {a['out']}/check_published.md, check_published.json")
+        print(f"Written: {a['out']}/check_published.md, check_published.json\n")
+    print(md, end="")  # last: its final line is the count per claim, "claims matched: K of N"
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from rope_lm import published as P
+from rope_lm.errors import ConfigError
 from rope_lm.compare import compare
 from rope_lm.task_compare import compare_tasks
 from tests.conftest import ROOT
@@ -47,16 +48,44 @@ def test_ratio_rules_read_relative_ppl(tmp_path):
     assert v.verdict == P.NOT_MATCHED
 
 
-def test_order_rule_and_seed_average(tmp_path):
+def test_order_rule_needs_intervals_and_seed_average(tmp_path):
     rows = P.ppl_rows([sweep(tmp_path)])
     c = claim(rule="ppl_order", metric="ppl_rel", multiplier=2, order=["alibi", "rope", "sinusoidal"])
-    v = P.ppl_order(c, rows)
-    assert v.verdict == P.MATCHED and v.ours.startswith("alibi 0.980 < rope 1.070 < sinusoidal 2.200")
-    v = P.ppl_order({**c, "order": ["rope", "alibi", "sinusoidal"]}, rows)
-    assert v.verdict == P.NOT_MATCHED
+    v = P.ppl_order(c, rows)  # one seed, no intervals: the order cannot be told from noise
+    assert v.verdict == P.NOT_COMPARABLE and v.ours.startswith("alibi 0.980 < rope 1.070 < sinusoidal 2.200")
     # Two seeds of one scheme: their PPLs are averaged (21.4 and 31.4 at 2 x L).
     two = [dict(r, ppl=r["ppl"] + 10 * (r["length"] == 128), seed=1) for r in rows if r["scheme"] == "rope"]
     assert P._series(rows + two, "rope")[2.0]["ppl"] == pytest.approx((21.4 + 31.4) / 2)
+    assert P._series(rows + two, "rope")[2.0]["ppl_band"] == pytest.approx((21.4, 31.4))  # the seed spread
+
+
+def point(scheme, ppl, lo, hi, method="none", length=128, train_len=64, seed=0):
+    return {"scheme": scheme, "method": method, "label": f"{scheme}+{method}", "seed": seed, "train_len": train_len,
+            "length": length, "ratio": length / train_len, "ppl": ppl, "ppl_lo": lo, "ppl_hi": hi}
+
+
+@pytest.mark.parametrize("a, b, verdict", [
+    ((20.0, 19.0, 21.0), (21.5, 20.5, 22.5), P.TIED),          # in order, intervals overlap
+    ((20.0, 19.0, 21.0), (25.0, 24.0, 26.0), P.MATCHED),       # in order, apart
+    ((25.0, 24.0, 26.0), (20.0, 19.0, 21.0), P.NOT_MATCHED),   # reversed, apart
+    ((21.5, 20.5, 22.5), (20.0, 19.0, 21.0), P.TIED),          # reversed within the intervals
+])
+def test_noise_decides_ties(a, b, verdict):
+    c = claim(rule="ppl_order", metric="ppl", multiplier=2, order=["alibi", "rope"])
+    v = P.ppl_order(c, [point("alibi", *a), point("rope", *b)])
+    assert v.verdict == verdict
+    assert f"alibi {a[0]:.1f} [{a[1]:.1f}, {a[2]:.1f}]" in v.ours  # the figures that decided it
+    if verdict == P.TIED:
+        assert "within the intervals: alibi ~ rope" in v.ours
+
+
+def test_seed_spread_is_the_band_where_runs_have_no_interval():
+    c = claim(rule="ppl_order", metric="ppl", multiplier=2, order=["alibi", "rope"])
+    rows = [dict(point("alibi", x, None, None, seed=s), label=f"alibi {s}") for s, x in enumerate((20.0, 22.0))] + \
+           [dict(point("rope", x, None, None, seed=s), label=f"rope {s}") for s, x in enumerate((21.0, 23.0))]
+    assert P.ppl_order(c, rows).verdict == P.TIED
+    far = [dict(r, ppl=r["ppl"] + 10) if r["scheme"] == "rope" else r for r in rows]
+    assert P.ppl_order(c, far).verdict == P.MATCHED
 
 
 def test_rules_read_compare_csv_like_run_folders(tmp_path):
@@ -71,7 +100,7 @@ def test_rules_read_compare_csv_like_run_folders(tmp_path):
     write_run(os.path.join(ft, "a"), "rope", {"none": lambda L: 50.0}, train_len=64)
     write_run(os.path.join(ft, "b"), "rope", {"yarn": lambda L: 30.0, "pi": lambda L: 40.0}, train_len=256)
     v = P.ppl_order(finetune, P.ppl_rows([ft]))
-    assert (v.ours, v.verdict) == ("rope+yarn 30.0 < rope+pi 40.0 (ppl at 2 x L)", P.MATCHED)
+    assert v.ours.startswith("rope+yarn 30.0 < rope+pi 40.0 (ppl at 2 x L)")
 
 
 def task_run(directory, task, scheme, beyond):
@@ -87,39 +116,54 @@ def task_run(directory, task, scheme, beyond):
                    "buckets": buckets, "beyond": {"accuracy": acc}}, f)
 
 
-def test_task_ranking_from_runs_and_from_csv(tmp_path):
+def test_task_mrr_from_runs_and_from_csv(tmp_path):
     root = tmp_path / "tasks"
-    # copy: nope 0.5*10+0.1*30 -> 0.2, rope 0.0; sort: nope 0.4, rope 0.1 (0.4*10 + 0*30 = 4 / 40)
+    # copy: nope 0.2 > rope 0.0 > sinusoidal 0.0 (tied: both rank 2); sort: rope 0.1 > nope 0.05 = sinusoidal 0.05
     task_run(root / "0", "copy", "nope", (0.5, 0.1))
     task_run(root / "1", "copy", "rope", (0.0, 0.0))
-    task_run(root / "2", "sort", "nope", (0.4, 0.4))
-    task_run(root / "3", "sort", "rope", (0.4, 0.0))
-    c = claim(rule="task_ranking", above=["nope"], below=["rope"])
-    v = P.task_ranking(c, P.task_rows([str(root)]))
-    assert (v.ours, v.verdict) == ("nope 30% > rope 5% (mean exact match past the training sizes, 2 tasks)", P.MATCHED)
+    task_run(root / "2", "copy", "sinusoidal", (0.0, 0.0))
+    task_run(root / "3", "sort", "nope", (0.2, 0.0))
+    task_run(root / "4", "sort", "rope", (0.4, 0.0))
+    task_run(root / "5", "sort", "sinusoidal", (0.2, 0.0))
+    c = claim(rule="task_mrr", above=["nope"], below=["rope", "sinusoidal"])
+    v = P.task_mrr(c, P.task_rows([str(root)]))
+    # nope (1 + 1/2) / 2, rope (1/2 + 1) / 2, sinusoidal (1/2 + 1/2) / 2: nope is not above rope
+    assert (v.ours, v.verdict) == ("nope 0.75 > rope 0.75 > sinusoidal 0.50 (mean reciprocal rank over 2 tasks)",
+                                   P.NOT_MATCHED)
     out = str(tmp_path / "cmp")
     compare_tasks([str(root)], out)
-    assert P.task_ranking(c, P.task_rows([out])).ours == v.ours
-    assert P.task_ranking({**c, "above": ["rope"], "below": ["nope"]}, P.task_rows([out])).verdict == P.NOT_MATCHED
-    assert P.task_ranking({**c, "above": ["t5"]}, P.task_rows([out])).verdict == P.NOT_COMPARABLE
+    assert P.task_mrr(c, P.task_rows([out])).ours == v.ours
+    assert P.task_mrr({**c, "below": ["sinusoidal"]}, P.task_rows([out])).verdict == P.MATCHED
+    no_sin = P.task_mrr({**c, "below": ["rope", "t5"]}, P.task_rows([out]))
+    assert no_sin.verdict == P.NOT_COMPARABLE and no_sin.ours.startswith("not comparable: no t5 run")
+
+
+def test_mrr_of_the_committed_task_study():
+    rows = P.task_rows([os.path.join(ROOT, "docs/results/length_generalization_4000")])
+    c = claim(rule="task_mrr", above=["nope", "t5"], below=["alibi", "rope"], extra=["learned"])
+    assert P.task_mrr(c, rows).ours == "nope 0.69 > t5 0.64 > alibi 0.59 > rope 0.57 > learned 0.42 " \
+                                        "(mean reciprocal rank over 6 tasks)"
 
 
 def test_script_prints_and_writes_the_table(tmp_path):
     folder = sweep(tmp_path)
     env = {**os.environ, "PYTHONPATH": ROOT}
     done = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "check_published.py"),
-                           f"studies.pe_extrapolation=[{folder}]", "studies.rope_scaling=[]",
+                           f"studies.pe_extrapolation=[{folder}]", f"studies.pe_with_window_control=[{folder}]",
+                           "studies.rope_scaling=[]",
                            f"studies.length_generalization=[{tmp_path / 'none'}]", f"out={tmp_path / 'out'}"],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
     rows = json.load(open(tmp_path / "out" / "check_published.json"))
     verdicts = {(r["id"], r["verdict"]) for r in rows}
     # conf/published.yaml's thresholds on the hand-made sweep above:
-    assert ("alibi_flat", P.MATCHED) in verdicts and ("rope_mild_at_2x", P.MATCHED) in verdicts
-    assert ("sinusoidal_at_2x", P.MATCHED) in verdicts and ("order_at_2x", P.MATCHED) in verdicts
+    assert ("rope_mild_at_2x", P.MATCHED) in verdicts and ("sinusoidal_at_2x", P.MATCHED) in verdicts
+    assert ("alibi_flat", P.NOT_COMPARABLE) in verdicts  # flat, but no window control to beat
     assert ("su_zero_shot_order", P.NOT_COMPARABLE) in verdicts
     assert ("tasks_nope_t5_first", P.NOT_COMPARABLE) in verdicts
     assert "| **rope_far** (sweep)" in done.stdout and "Sources:" in done.stdout
+    n = len(P.per_claim(rows))
+    assert done.stdout.rstrip().splitlines()[-1] == f"claims matched: 3 of {n}"  # rope_mild, rope_far, sinusoidal
 
 
 def test_runs_of_other_settings_are_not_averaged_as_seeds(tmp_path):
@@ -137,7 +181,7 @@ def test_runs_of_other_settings_are_not_averaged_as_seeds(tmp_path):
 def test_a_study_entry_may_be_several_folders_read_together(tmp_path):
     root = sweep(tmp_path)
     runs = sorted(os.path.join(root, d) for d in os.listdir(root))
-    c = claim(rule="ppl_order", metric="ppl_rel", multiplier=2, order=["alibi", "rope"])
+    c = claim(rule="ratio_between", series="rope", multiplier=2, min=1.0, max=1.25)
     alone, together = P.check_claims([c], {"pe": [runs[0], runs[:2]]})
     assert alone["verdict"] == P.NOT_COMPARABLE and together["verdict"] == P.MATCHED
     assert "| **c** (0_alibi + 1_rope)" in P.markdown([together])
@@ -158,3 +202,93 @@ def test_a_folder_without_results_yet_leaves_its_claims_not_comparable(tmp_path)
     c = claim(rule="ppl_order", metric="ppl_rel", multiplier=2, order=["alibi", "rope"])
     (row,) = P.check_claims([c], {"pe": [[rope, str(pending)]]})
     assert row["verdict"] == P.NOT_COMPARABLE and row["ours"] == "no alibi result at 2 x L"
+
+
+# --- every claim can fail: a series its rule must reject ------------------------------
+
+def committed(folder):
+    return os.path.join(ROOT, "docs", "results", folder)
+
+
+def alibi_no_better_than_window():
+    """ALiBi flat past L, but no better than RoPE cut to an L-token window: a
+    model that reads nothing past L."""
+    rows = []
+    for length, rel in ((64, 1.0), (128, 0.97), (256, 0.96), (1024, 0.95)):
+        for scheme, method, lo, hi in (("alibi", "none", 0.94, 0.99), ("rope", "window", 0.95, 0.97)):
+            rows.append({"scheme": scheme, "method": method, "label": f"{scheme}+{method}", "seed": 0, "train_len": 64,
+                         "length": length, "ratio": length / 64, "ppl": 100 * rel, "ppl_rel": rel,
+                         "ppl_rel_lo": lo * (length > 64) or 1.0, "ppl_rel_hi": hi * (length > 64) or 1.0})
+    return rows
+
+
+def tasks_with_alibi_first():
+    rows = []
+    for task, acc in (("copy", {"alibi": 0.6, "nope": 0.3, "t5": 0.2, "rope": 0.1, "sinusoidal": 0.0, "learned": 0.0}),
+                      ("sort", {"alibi": 0.5, "nope": 0.4, "t5": 0.1, "rope": 0.2, "sinusoidal": 0.1, "learned": 0.0})):
+        rows += [{"task": task, "scheme": s, "method": "none", "seed": 0, "accuracy": a} for s, a in acc.items()]
+    return rows
+
+
+# claim id -> the rows its rule must reject: committed results of a model too small or too
+# short-trained for the claim, or constructed.
+CONTROLS = {
+    "alibi_flat": alibi_no_better_than_window,
+    "rope_mild_at_2x": lambda: P.ppl_rows([committed("pe_pg19")]),     # 600 steps: RoPE 1.00 at 2 x L
+    "rope_far": lambda: P.ppl_rows([committed("pe_wikitext2")]),       # 600 steps: 1.09 at 16 x L
+    "sinusoidal_at_2x": lambda: P.ppl_rows([committed("pe_pg19")]),    # 600 steps: 1.18 at 2 x L
+    "tasks_nope_t5_first": tasks_with_alibi_first,
+    "su_zero_shot_order": lambda: P.ppl_rows([committed("rope_scaling_pg19_6000")]),  # PI beats plain RoPE
+    "finetuned_yarn_ntk_pi": lambda: P.ppl_rows([committed("finetune_pg19_6000")]),   # YaRN ~ NTK
+}
+
+
+def published_claims():
+    from omegaconf import OmegaConf
+    return OmegaConf.to_container(OmegaConf.load(os.path.join(ROOT, "conf", "published.yaml")))["claims"]
+
+
+@pytest.mark.parametrize("c", published_claims(), ids=lambda c: c["id"])
+def test_every_published_claim_rejects_its_control(c):
+    assert c["id"] in CONTROLS, f"claim {c['id']} has no control: add the series its rule must reject to CONTROLS"
+    v = P.RULES[c["rule"]](c, CONTROLS[c["id"]]())
+    assert v.verdict in (P.NOT_MATCHED, P.TIED), v
+
+
+def test_a_claim_counts_once_however_many_folders():
+    rows = [{"id": "a", "claim": "", "rule": "", "verdict": v} for v in (P.MATCHED, P.NOT_MATCHED, P.NOT_MATCHED)] + \
+           [{"id": "b", "claim": "", "rule": "", "verdict": v} for v in (P.TIED, P.NOT_COMPARABLE)] + \
+           [{"id": "c", "claim": "", "rule": "", "verdict": P.NOT_COMPARABLE}]
+    claims = P.per_claim(rows)
+    assert [(c["id"], c["verdict"], c[P.MATCHED], c["folders"]) for c in claims] == \
+        [("a", P.MATCHED, 1, 3), ("b", P.TIED, 0, 2), ("c", P.NOT_COMPARABLE, 0, 1)]
+    assert P.summary_line(claims) == "claims matched: 1 of 3"
+
+
+def test_alibi_flat_without_a_window_control_is_not_counted(tmp_path):
+    (c,) = [c for c in published_claims() if c["id"] == "alibi_flat"]
+    v = P.RULES[c["rule"]](c, P.ppl_rows([sweep(tmp_path)]))
+    assert v.verdict == P.NOT_COMPARABLE and "control missing" in v.ours
+    worse = lambda r: 0.06 * (r["scheme"] == "rope" and r["length"] > 64)  # the window control now apart, above
+    beats = [dict(r, ppl_rel=r["ppl_rel"] + worse(r), ppl_rel_lo=r["ppl_rel_lo"] + worse(r),
+                  ppl_rel_hi=r["ppl_rel_hi"] + worse(r))
+             for r in alibi_no_better_than_window()]
+    assert P.RULES[c["rule"]](c, beats).verdict == P.MATCHED
+
+
+def test_a_claim_missing_a_setting_of_its_rule_is_refused_before_any_reading(tmp_path):
+    c = claim(id="flat", rule="flat_beyond_window", series="alibi", from_multiplier=2, max=1.05)
+    with pytest.raises(ConfigError, match="'flat' .*needs series, from_multiplier, max, control .missing: control"):
+        P.check_claims([c], {"pe": [str(tmp_path / "nowhere")]})
+
+
+def test_alibi_flat_fails_when_not_flat_and_when_worse_than_the_window():
+    (c,) = [c for c in published_claims() if c["id"] == "alibi_flat"]
+    climbs = [dict(r, ppl_rel=r["ppl_rel"] * 1.2) if r["scheme"] == "alibi" and r["length"] > 64 else r
+              for r in alibi_no_better_than_window()]
+    assert P.RULES[c["rule"]](c, [r for r in climbs if r["scheme"] == "alibi"]).verdict == P.NOT_MATCHED
+    # still flat (at most 1.02), but above the window's band (0.95-0.97) at every k x L
+    worse = [dict(r, ppl_rel=r["ppl_rel"] + 0.05, ppl_rel_lo=r["ppl_rel"] + 0.049, ppl_rel_hi=r["ppl_rel"] + 0.051)
+             if r["scheme"] == "alibi" and r["length"] > 64 else r for r in alibi_no_better_than_window()]
+    v = P.RULES[c["rule"]](c, worse)
+    assert v.verdict == P.NOT_MATCHED and "above the control beyond the intervals at 2, 4, 16 x L" in v.ours

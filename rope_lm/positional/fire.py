@@ -5,9 +5,11 @@ progressively normalised distance, per head, in every layer:
     b(i, j) = f_theta( psi(i - j) / psi(max(L, i)) ),   psi(x) = log(c x + 1)
 
 f_theta is an MLP 1 -> width -> n_head with ReLU; c and L are learnable
-(initialised to 0.1 and 512 as in the paper's reference code, which learns L
-as a multiplier of its initial value; |.| keeps both valid if a step pushes
-them negative). i is the query's position, so the bias is relative only
+(initialised to 0.1 and, by default, to the training length: the paper's
+reference code starts L at 512, the length it trained at, and learns L as a
+multiplier of its initial value; |.| keeps both valid if a step pushes them
+negative). A threshold above the training length would normalise every
+trained distance by a length the model never sees. i is the query's position, so the bias is relative only
 while i < L; past L the normaliser grows and the input stays in [0, 1],
 which is what lets FIRE interpolate instead of extrapolate.
 """
@@ -43,8 +45,10 @@ class FireLayer(nn.Module):
 class Fire(PairwiseBias):
     distance_only = False  # the normaliser reads the query's own position
 
-    def __init__(self, dims, mlp_width: int = 32, init_c: float = 0.1, init_L: float = 512.0):
+    def __init__(self, dims, mlp_width: int = 32, init_c: float = 0.1, init_L: float | None = None):
         super().__init__(dims)
+        if init_L is None:  # the training length (a number given, as checkpoints hold, is kept)
+            init_L = float(dims.train_len)
         if not isinstance(mlp_width, int) or mlp_width < 1:
             raise ConfigError(f"pos.mlp_width={mlp_width!r} must be a positive integer.")
         if not (init_c > 0 and init_L > 0):

@@ -34,6 +34,7 @@ def lookup(table: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
 @SCHEMES.register("learned")
 class LearnedAbsolute(PositionalScheme):
     family = "absolute"
+    no_weight_decay = ("weight",)  # rows past L get no gradient: they keep their initial values
 
     def __init__(self, dims, max_positions: int = 2048, init_std: float = 0.02):
         super().__init__(dims)

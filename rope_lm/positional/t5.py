@@ -7,6 +7,12 @@ log-spaced up to max_distance; everything farther shares the last bucket:
 With num_buckets=16, max_distance=128 (T5's 32 bidirectional buckets, one
 side) this is the survey's table: 0-7 exact, 8-11 -> 8, 12-15 -> 9,
 16-22 -> 10, 23-31 -> 11, ... Fractional distances use their floor.
+
+Both settings are lengths, so by default they scale with the training length
+L: T5 trained at 512 tokens with 32 causal buckets (16 exact distances) up to
+distance 128, i.e. num_buckets = L/16 and max_distance = L/4. Absolute numbers
+from the paper at a smaller L would leave the far buckets untrained (at
+L = 64, distances 64-128 never occur in training).
 """
 
 import math
@@ -30,12 +36,24 @@ def causal_bucket(n: int, num_buckets: int, max_distance: int) -> int:
     return min(log_bucket, num_buckets - 1)
 
 
+def scaled_buckets(train_len: int, num_buckets: int | None, max_distance: int | None) -> tuple[int, int]:
+    """A setting left unset (None) is T5's at 512 scaled to train_len: L/16
+    buckets (at least 2) and max_distance L/4 (above the exact half, which the
+    bucketing needs); a number given is kept (checkpoints hold theirs)."""
+    if num_buckets is None:
+        num_buckets = max(2, round(train_len / 16))
+    if max_distance is None and isinstance(num_buckets, int):
+        max_distance = max(num_buckets // 2 + 1, round(train_len / 4))
+    return num_buckets, max_distance
+
+
 @SCHEMES.register("t5")
 class T5Bias(PairwiseBias):
     distance_bias_shared = True  # one table for all layers
 
-    def __init__(self, dims, num_buckets: int = 32, max_distance: int = 128):
+    def __init__(self, dims, num_buckets: int | None = None, max_distance: int | None = None):
         super().__init__(dims)
+        num_buckets, max_distance = scaled_buckets(dims.train_len, num_buckets, max_distance)
         if not isinstance(num_buckets, int) or num_buckets < 2:
             raise ConfigError(f"pos.num_buckets={num_buckets!r} must be an integer >= 2.")
         if not isinstance(max_distance, int) or max_distance <= num_buckets // 2:
