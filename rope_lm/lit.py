@@ -89,6 +89,11 @@ class LitLM(L.LightningModule):
     def on_load_checkpoint(self, checkpoint):
         self.tokenizer_json = checkpoint.get("tokenizer_json")
         self._restored_row = checkpoint.get("rope_lm_last_row")
+        # A run started before `no_weight_decay` existed (the learned position table decayed with the other
+        # matrices) resumes with the optimizer groups its saved state has, not today's.
+        groups = [len(g["params"]) for g in ((checkpoint.get("optimizer_states") or [{}])[0].get("param_groups") or [])]
+        if groups and groups != decay_group_sizes(self.model, True) and groups == decay_group_sizes(self.model, False):
+            self._keep_listed_decay = False
 
     def forward(self, idx):
         return self.model(idx)
@@ -162,11 +167,24 @@ class LitLM(L.LightningModule):
             restore_row(self.logger, self._restored_row)
 
     def configure_optimizers(self):
-        opt, sched = build_optimizer(self.model, self.optim, self.max_steps)
+        opt, sched = build_optimizer(self.model, self.optim, self.max_steps, getattr(self, "_keep_listed_decay", True))
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
 
-def build_optimizer(model: torch.nn.Module, o: OptimConfig, max_steps: int):
+def _decay_split(model: torch.nn.Module, honour_listed: bool = True):
+    """(parameters with weight decay, parameters without): matrices decay,
+    except those a module lists in `no_weight_decay` (when honoured)."""
+    kept = {id(getattr(m, name)) for m in model.modules() for name in getattr(m, "no_weight_decay", ())} if honour_listed else set()
+    decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2 and id(p) not in kept]
+    no_decay = [p for p in model.parameters() if p.requires_grad and (p.dim() < 2 or id(p) in kept)]
+    return decay, no_decay
+
+
+def decay_group_sizes(model: torch.nn.Module, honour_listed: bool = True) -> list[int]:
+    return [len(g) for g in _decay_split(model, honour_listed)]
+
+
+def build_optimizer(model: torch.nn.Module, o: OptimConfig, max_steps: int, honour_listed: bool = True):
     """(AdamW, per-step LR scheduler) as LitLM trains with: weight decay on
     matrices only (not on those a module lists in `no_weight_decay`), warmup
     then cosine decay over max_steps; fused on CUDA (or as optim.fused says).
@@ -174,9 +192,7 @@ def build_optimizer(model: torch.nn.Module, o: OptimConfig, max_steps: int):
     optimizer."""
     # A module names the parameters that must keep their initial values where training never
     # reaches them (the learned position table's rows past L): weight decay would shrink them.
-    kept = {id(getattr(m, name)) for m in model.modules() for name in getattr(m, "no_weight_decay", ())}
-    decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2 and id(p) not in kept]
-    no_decay = [p for p in model.parameters() if p.requires_grad and (p.dim() < 2 or id(p) in kept)]
+    decay, no_decay = _decay_split(model, honour_listed)
     fused = o.fused if o.fused is not None else bool(decay) and all(p.is_cuda for p in decay)
     opt = torch.optim.AdamW(
         [{"params": decay, "weight_decay": o.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],

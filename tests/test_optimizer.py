@@ -76,3 +76,24 @@ def test_lit_takes_the_typed_settings_and_checkpoints_keep_a_dict(tmp_path):
     assert load_checkpoint(path)[0].optim == typed
     assert LitLM(optim={"lr": 5e-4}, **common).optim == OptimConfig(lr=5e-4)
 
+
+
+def test_a_learned_run_from_before_the_table_left_weight_decay_resumes_with_its_own_groups():
+    """A checkpoint whose optimizer state has the old groups (the learned table decaying with the
+    other matrices) resumes with those groups, so its saved state loads; a new run keeps the table
+    out of weight decay."""
+    from rope_lm.lit import LitLM, decay_group_sizes
+    from tests.conftest import TINY_MODEL
+
+    lit = LitLM(model=TINY_MODEL, pos={"name": "learned"}, scaling={"name": "none"}, optim={}, vocab_size=64,
+                train_len=16, max_steps=4)
+    old, new = decay_group_sizes(lit.model, False), decay_group_sizes(lit.model, True)
+    assert old != new  # the table moved from the decayed group to the other
+    before, _ = build_optimizer(lit.model, OptimConfig(), 4, honour_listed=False)
+    lit.on_load_checkpoint({"optimizer_states": [before.state_dict()]})
+    resumed = lit.configure_optimizers()["optimizer"]
+    assert [len(g["params"]) for g in resumed.param_groups] == old
+    resumed.load_state_dict(before.state_dict())  # what Lightning does next: no group mismatch
+    fresh = LitLM(model=TINY_MODEL, pos={"name": "learned"}, scaling={"name": "none"}, optim={}, vocab_size=64,
+                  train_len=16, max_steps=4)
+    assert [len(g["params"]) for g in fresh.configure_optimizers()["optimizer"].param_groups] == new
