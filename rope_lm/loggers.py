@@ -125,6 +125,15 @@ def build_logger(options: dict, out_dir: str, run_name: str, config: dict | None
         return _started(mode="offline", **make)
 
 
+def drop_anonymous(logger) -> None:
+    """Lightning passes anonymous=None to wandb.init, which wandb (>= 0.19) warns about on every run
+    although it has no effect. The keyword list is Lightning's private `_wandb_init`: read only here,
+    and pinned by tests/test_lit_lightning.py, which fails when Lightning renames or drops it."""
+    init = getattr(logger, "_wandb_init", None)
+    if isinstance(init, dict):
+        init.pop("anonymous", None)
+
+
 def _started(options: dict, out_dir: str, run_name: str, config: dict | None, sweep_dir: str | None, mode: str,
              timeout: float):
     """A WandbLogger whose wandb run has started, so a failure to reach the
@@ -144,8 +153,7 @@ def _started(options: dict, out_dir: str, run_name: str, config: dict | None, sw
         mode=mode,  # passed to wandb.init directly: Lightning's offline flag sets an outdated env value
         settings=wandb.Settings(**settings),
     )
-    # Lightning passes anonymous=None, which wandb (>= 0.19) warns about on every run: it has no effect.
-    logger._wandb_init.pop("anonymous", None)
+    drop_anonymous(logger)
     logger.rope_lm_mode = mode
     logger.experiment  # noqa: B018 (starts the run)
     return logger

@@ -1,6 +1,7 @@
-"""What lit.py takes from Lightning beyond its public API, pinned: the step
+"""What rope-lm takes from Lightning beyond its public API, pinned: the step
 a training step's metrics are logged under (lit.logged_step), which a
-checkpoint carries so that a resume can restore a row a kill lost."""
+checkpoint carries so that a resume can restore a row a kill lost; and the
+keywords WandbLogger hands wandb.init (loggers.drop_anonymous)."""
 
 import csv
 import glob
@@ -37,3 +38,14 @@ def test_logged_step_is_the_step_lightning_logs_under(tmp_path):
         logged = [int(r["step"]) for r in csv.DictReader(f) if r.get("train/loss")]
     assert steps.seen == logged == list(range(5))
     assert logged_step(trainer) == 5
+
+
+def test_wandb_logger_keeps_its_init_keywords_where_drop_anonymous_reads_them(tmp_path):
+    from lightning.pytorch.loggers import WandbLogger
+
+    from rope_lm.loggers import drop_anonymous
+
+    logger = WandbLogger(save_dir=str(tmp_path), mode="offline")
+    assert isinstance(logger._wandb_init, dict) and "anonymous" in logger._wandb_init
+    drop_anonymous(logger)
+    assert "anonymous" not in logger._wandb_init
