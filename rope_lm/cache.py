@@ -16,12 +16,10 @@ reading the text (``data.full_check=true`` reads it all).
 
 import contextlib
 from dataclasses import dataclass
-import glob
 import hashlib
 import json
 import logging
 import os
-import shutil
 import tempfile
 
 from filelock import FileLock, Timeout
@@ -30,6 +28,7 @@ import numpy as np
 from rope_lm.corpus import SPLITS, SourceConfig, hub_failure, quick_key, routed_pieces, scan, train_texts
 from rope_lm.encode import encode_to_files
 from rope_lm.errors import ConfigError, OutputError
+from rope_lm.files import build_folder
 
 log = logging.getLogger("rope_lm.data")  # the name users filter on; the loaders live in data.py
 CACHE_FORMAT = 1
@@ -221,14 +220,9 @@ def resolve_tokenizer(data: DataConfig):
 
 
 def _build(directory: str, source: SourceConfig, plan, data: DataConfig, tok, eos: str, settings: dict):
-    # Called under the directory's lock, so no live build writes a temp folder of this cache: any
-    # there is the leftover of a build that was killed (SIGKILL, power loss) before its cleanup.
-    for stale in glob.glob(glob.escape(directory) + ".tmp-*"):
-        log.info("Removing %s, left by a cache build that was stopped", stale)
-        shutil.rmtree(stale, ignore_errors=True)
-    tmp = f"{directory}.tmp-{os.getpid()}"
-    os.makedirs(tmp)
-    try:
+    # Called under the directory's lock (files.build_folder's condition).
+    def build(tmp: str):
+        nonlocal tok
         if tok is None:
             tok = train_tokenizer(train_texts(source, plan, data.tokenizer_train_chars), data.vocab_size,
                                   data.tokenizer_train_chars, eos)
@@ -245,11 +239,8 @@ def _build(directory: str, source: SourceConfig, plan, data: DataConfig, tok, eo
             meta["files"][name] = {"bytes": os.path.getsize(p), "sha1": _sha1_file(p)}
         with open(os.path.join(tmp, "meta.json"), "w") as f:
             json.dump(meta, f, indent=1)
-        if os.path.exists(directory):
-            shutil.rmtree(directory)
-        os.rename(tmp, directory)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+
+    build_folder(directory, build, "cache build")
 
 
 def _check_corpus(corpus: dict, expect_corpus: tuple[str, str] | None):

