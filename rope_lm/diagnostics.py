@@ -24,7 +24,7 @@ from rope_lm.errors import ConfigError
 from rope_lm.files import fresh_dir, save_figure, write_json
 from rope_lm.frequencies import inverse_frequencies
 from rope_lm.run_folder import check_writable
-from rope_lm.trained import Trained, checkpoint_cache
+from rope_lm.trained import Trained, checkpoint_cache, output_home
 
 
 # --- the output folder and the checkpoint's data ----------------------------------
@@ -40,17 +40,10 @@ def _folder_name(name: str, scaling: dict | None) -> str:
 
 
 def _default_base(ckpt: str | None, name: str) -> str:
-    """<run dir>/diagnostics/<name> for a checkpoint inside a run's
-    checkpoints/ (else next to it); outputs/diagnostics/<model>/<name> for
-    hf:<model>; outputs/diagnostics/<name> without a checkpoint."""
-    if not ckpt:
-        return os.path.join("outputs", "diagnostics", name)
-    if ckpt.startswith("hf:"):
-        model = ckpt[len("hf:"):].strip("/").replace("/", "--")
-        return os.path.join("outputs", "diagnostics", model, name)
-    parent = os.path.dirname(os.path.abspath(ckpt))
-    run_dir = os.path.dirname(parent) if os.path.basename(parent) == "checkpoints" else parent
-    return os.path.join(run_dir, "diagnostics", name)
+    """<run dir>/diagnostics/<name> for a checkpoint (trained.output_home);
+    outputs/diagnostics/<name> without one."""
+    home = output_home(ckpt, "diagnostics") if ckpt else os.path.join("outputs", "diagnostics")
+    return os.path.join(home, name)
 
 
 def default_out_dir(ckpt: str | None, name: str) -> str:
@@ -62,8 +55,9 @@ def output_dir(out: str | None, ckpt: str | None, name: str, scaling: dict | Non
     """Where the results will go: out=, or a new <run dir>/diagnostics/<name>[_<method>];
     checked creatable, not created (make_output_dir does that once the
     inputs are checked, so a refused run leaves no empty folder)."""
-    check_out_dir(out or default_out_dir(ckpt, _folder_name(name, scaling)), given=bool(out))
-    return out or default_out_dir(ckpt, _folder_name(name, scaling))
+    out_dir = out or default_out_dir(ckpt, _folder_name(name, scaling))
+    check_out_dir(out_dir, given=bool(out))
+    return out_dir
 
 
 def make_output_dir(out: str | None, ckpt: str | None, name: str, scaling: dict | None = None) -> str:

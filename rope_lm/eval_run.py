@@ -9,13 +9,13 @@ import os
 import signal
 
 from rope_lm.config import DATA_ANNOTATIONS, typed, typed_component, typed_dataclass
-from rope_lm.errors import Interrupted
+from rope_lm.errors import ConfigError, Interrupted
 from rope_lm.evaluation import EvalConfig, eval_summary, evaluate_lengths
 from rope_lm.files import fresh_dir
 from rope_lm.report import RESULTS_JSON, log_to_wandb, new_results, write_views
-from rope_lm.run_folder import RunFolder, Status, check_writable, refuse_taken
+from rope_lm.run_folder import RunFolder, Status, check_writable, first_missing, refuse_taken
 from rope_lm.scaling import METHODS, method_label
-from rope_lm.trained import checkpoint_cache, open_model
+from rope_lm.trained import checkpoint_cache, open_model, output_home
 
 log = logging.getLogger("rope_lm")
 
@@ -139,18 +139,14 @@ def evaluate_checkpoint(ckpt_path: str | None, methods: list[dict], eval_options
 
         config["gguf"] = source_of(imported)
     if out_dir is None:
-        home = (os.path.join("outputs", "eval", imported.strip("/").replace("/", "--").replace(":", "-")) if imported
-                else _run_eval_home(trained.path))
-        out_dir = fresh_dir(os.path.join(home, "-".join(labels)[:80] or "none"))
+        out_dir = fresh_dir(os.path.join(output_home(trained.path, "eval"), "-".join(labels)[:80] or "none"))
     folder = RunFolder(out_dir)
     finishing = existing == "continue" and folder.read_results() is not None and not os.path.exists(folder.file("checkpoints"))
     if not finishing:
         refuse_taken(out_dir)
     check_writable(out_dir, "out=")
-    made = _first_missing(out_dir)
+    made = first_missing(out_dir)
     if not folder.lock():  # held while this process lives: one process evaluates in a folder
-        from rope_lm.errors import ConfigError
-
         raise ConfigError(f"Another rope-lm process is evaluating in {out_dir} right now; give this evaluation "
                           f"another out= folder, or wait for that one to finish.")
     earlier = folder.read_results() if finishing else None
@@ -175,8 +171,6 @@ def evaluate_checkpoint(ckpt_path: str | None, methods: list[dict], eval_options
 def _check_same_evaluation(earlier: dict, config: dict, out_dir: str) -> None:
     import json
 
-    from rope_lm.errors import ConfigError
-
     before = json.loads(json.dumps(earlier.get("config") or {}, default=str))
     now = json.loads(json.dumps(config, default=str))
     differ = sorted(k for k in set(before) | set(now) if before.get(k) != now.get(k))
@@ -184,14 +178,6 @@ def _check_same_evaluation(earlier: dict, config: dict, out_dir: str) -> None:
         raise ConfigError(f"existing=continue: out={out_dir} holds an evaluation with other settings "
                           f"({', '.join(differ)} differ), so it is not finished with these. Give a new out= folder, "
                           f"or the command that started that evaluation.")
-
-
-def _first_missing(path: str) -> str | None:
-    """The outermost folder of path that does not exist yet (None if path exists)."""
-    path, missing = os.path.abspath(path), None
-    while not os.path.exists(path):
-        missing, path = path, os.path.dirname(path)
-    return missing
 
 
 def _remove_if_only(folder: str, made: str, names: set) -> None:
@@ -208,10 +194,3 @@ def _remove_if_only(folder: str, made: str, names: set) -> None:
             here = os.path.dirname(here)
     except OSError:
         pass
-
-
-def _run_eval_home(ckpt_path: str) -> str:
-    """<run>/eval for a checkpoint inside a run's checkpoints/ (else the checkpoint's folder)/eval."""
-    ckpt_dir = os.path.dirname(os.path.abspath(ckpt_path))
-    run = os.path.dirname(ckpt_dir) if os.path.basename(ckpt_dir) == "checkpoints" else ckpt_dir
-    return os.path.join(run, "eval")

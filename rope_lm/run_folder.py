@@ -23,8 +23,9 @@ import enum
 import json
 import os
 
-from rope_lm.errors import ConfigError, UnwritableFolder
-from rope_lm.files import atomic_write
+from rope_lm.errors import ConfigError, RopeLMError, UnwritableFolder
+from rope_lm.files import atomic_write, write_json
+from rope_lm.report import RESULTS_JSON
 from rope_lm.run_settings import settings_differences
 
 RUN_CONFIG = "run.yaml"  # the settings a run (re)started with; `resume=` reads them
@@ -108,7 +109,7 @@ class RunFolder:
     """One run's folder. `results` names its results file, `bookkeeping` the
     settings that may differ between sittings of one experiment."""
 
-    def __init__(self, path: str, results: str = "results.json", bookkeeping: frozenset = frozenset(),
+    def __init__(self, path: str, results: str = RESULTS_JSON, bookkeeping: frozenset = frozenset(),
                  checkpoints: bool = True):
         self.path = path
         self.results = results
@@ -319,7 +320,7 @@ def _steps(ckpt: str) -> int:
 
 # --- evaluation folders ----------------------------------------------------------------
 
-def refuse_taken(out_dir: str, results: str = "results.json") -> str:
+def refuse_taken(out_dir: str, results: str = RESULTS_JSON) -> str:
     """An out= folder for an evaluation: refused when it holds results."""
     taken = [name for name in (results, "checkpoints") if os.path.exists(os.path.join(out_dir, name))]
     if taken:
@@ -336,12 +337,8 @@ def refuse_taken(out_dir: str, results: str = "results.json") -> str:
 def check_writable(out_dir: str, setting: str = "hydra.run.dir (or the script's out=)") -> None:
     """The folder can be made and written, checked without leaving anything
     behind: a folder that does not exist yet is not made here."""
-    probe = os.path.abspath(out_dir)
-    while not os.path.exists(probe):
-        parent = os.path.dirname(probe)
-        if parent == probe:
-            break
-        probe = parent
+    missing = first_missing(out_dir)
+    probe = os.path.dirname(missing) if missing else os.path.abspath(out_dir)
     if not os.path.isdir(probe):
         raise UnwritableFolder(f"The folder {out_dir} is not writable: {probe} is a file, not a folder. Set "
                                f"{setting} to a writable place{_relative(out_dir)}.")
@@ -351,6 +348,15 @@ def check_writable(out_dir: str, setting: str = "hydra.run.dir (or the script's 
         reason = "read-only file system" if _read_only(probe) else os.strerror(errno.EACCES).lower()
         raise UnwritableFolder(f"The folder {out_dir} is not writable ({probe}: {reason}). Set {setting} to a "
                                f"writable place{_relative(out_dir)}.")
+
+
+def first_missing(path: str) -> str | None:
+    """The outermost folder of path that does not exist yet: what making it
+    would create first (None when path exists)."""
+    path, missing = os.path.abspath(path), None
+    while not os.path.exists(path):
+        missing, path = path, os.path.dirname(path)
+    return missing
 
 
 def _relative(path: str) -> str:
@@ -370,13 +376,10 @@ def record_failure(out_dir: str, config: dict, error: Exception, folder: RunFold
     run started anew (`folder.new`), or one where nothing was written before
     the error (no results, no checkpoints): another run's or a resumed run's
     results are never touched."""
-    from rope_lm.errors import RopeLMError
-    from rope_lm.files import write_json
-
-    path = os.path.join(out_dir, "results.json")
+    path = os.path.join(out_dir, RESULTS_JSON)
     if folder is not None and not folder.new:
         return
-    if folder is None and any(os.path.exists(os.path.join(out_dir, n)) for n in ("results.json", "checkpoints")):
+    if folder is None and any(os.path.exists(os.path.join(out_dir, n)) for n in (RESULTS_JSON, "checkpoints")):
         return
     results = {"status": Status.FAILED, "config": config, "methods": {}, "results": []}
     if folder is not None:

@@ -115,6 +115,19 @@ def read_start(source: str, setting: str = "init_from") -> dict:
             "tokenizer_json": saved.get("tokenizer_json")}
 
 
+def output_home(path: str, kind: str) -> str:
+    """Where a study of the model at `path` (a checkpoint file or
+    `hf:<name>`, as Trained.path) writes by default: <run>/<kind> for a
+    checkpoint in a run's checkpoints/ (else <its folder>/<kind>),
+    outputs/<kind>/<model> for an imported model."""
+    if path.startswith(HF):
+        model = path[len(HF):].strip("/").replace("/", "--").replace(":", "-")
+        return os.path.join("outputs", kind, model)
+    parent = os.path.dirname(os.path.abspath(path))
+    run = os.path.dirname(parent) if os.path.basename(parent) == "checkpoints" else parent
+    return os.path.join(run, kind)
+
+
 def write_tokenizer(tokenizer_json: str, directory: str) -> str:
     """The checkpoint's tokenizer as <directory>/tokenizer.json."""
     path = os.path.join(directory, "tokenizer.json")
