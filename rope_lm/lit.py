@@ -71,6 +71,7 @@ class LitLM(L.LightningModule):
         self.skips_left = skip_nonfinite
         self.tokenizer_json: str | None = None  # carried in checkpoints so evaluation re-uses the exact tokenizer
         self._pending_row = self._restored_row = None  # (step, loss) of the latest step; see on_save_checkpoint
+        self._keep_listed_decay = True  # False on resuming a run saved before `no_weight_decay` (on_load_checkpoint)
         self._forward = self.model
         if compile:
             from rope_lm.compile import maybe_compile
@@ -167,7 +168,7 @@ class LitLM(L.LightningModule):
             restore_row(self.logger, self._restored_row)
 
     def configure_optimizers(self):
-        opt, sched = build_optimizer(self.model, self.optim, self.max_steps, getattr(self, "_keep_listed_decay", True))
+        opt, sched = build_optimizer(self.model, self.optim, self.max_steps, self._keep_listed_decay)
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
 

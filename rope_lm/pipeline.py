@@ -14,7 +14,7 @@ import signal
 
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from rope_lm.checkpointing import resolve_checkpoint
+from rope_lm.checkpointing import check_resumable, resolve_checkpoint
 from rope_lm.config import RunConfig, resolve_run
 from rope_lm.data import LMDataModule, prepare
 from rope_lm.eval_run import evaluate_and_report
@@ -90,8 +90,6 @@ def train_and_evaluate(run: RunConfig | dict, out_dir: str, logger=None, claimed
     if init:
         init_from_hparams(init, hparams)
     if resumed:
-        from rope_lm.checkpointing import check_resumable
-
         check_resumable(ckpt, hparams, resumed["hparams"])  # the vocabulary, now that the cache is built
         folder.record_settings(run.raw)  # e.g. the new trainer.max_steps, for the next resume
 

@@ -21,7 +21,6 @@ size bucket with a 95% bootstrap interval over instances.
 """
 
 from dataclasses import dataclass
-import json
 import logging
 import math
 import os

@@ -126,7 +126,7 @@ def test_lengths_past_the_split_and_non_positive_lengths_are_refused():
 # --- protocols: sliding (batched), documents; bootstrap intervals -------------------------------
 
 from rope_lm import bootstrap  # noqa: E402
-from rope_lm.evaluation import _sliding, eval_summary, plan_documents, sliding_windows, token_losses  # noqa: E402
+from rope_lm.evaluation import eval_summary, plan_documents, sliding_windows, token_losses  # noqa: E402
 
 
 def one_window_at_a_time(model, stream, L, n, stride):

@@ -14,7 +14,7 @@ import textwrap
 
 import pytest
 
-from tests.conftest import ROOT, cli_overrides
+from tests.conftest import ROOT
 from tests.test_lost_work import digest, one_paragraph, run_args, train
 
 EVAL = os.path.join(ROOT, "scripts", "eval_extrapolation.py")
