@@ -4,14 +4,14 @@ refusal to resume a checkpoint into a different model."""
 import logging
 import os
 import signal
-import tempfile
 
 import lightning as L
 import torch
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from rope_lm.errors import ConfigError, write_failure
+from rope_lm.errors import ConfigError
+from rope_lm.files import replaced_atomically
 
 log = logging.getLogger("rope_lm")
 
@@ -24,21 +24,9 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     mid-write leaves the previous checkpoint, never a truncated one."""
 
     def save_checkpoint(self, checkpoint, path, storage_options=None):
-        path = str(path)
-        directory = os.path.dirname(os.path.abspath(path))
-        os.makedirs(directory, exist_ok=True)
-        tmp = None
-        try:
-            fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=".ckpt")
-            os.close(fd)
+        # torch reports a full disk as RuntimeError("[enforce fail ..."), not OSError.
+        with replaced_atomically(str(path), errors=(OSError, RuntimeError)) as tmp:
             torch.save(checkpoint, tmp)
-            os.replace(tmp, path)
-        except (OSError, RuntimeError) as e:  # torch reports a full disk as RuntimeError("[enforce fail ...")
-            kept = f"The previous {os.path.basename(path)} is untouched. " if os.path.exists(path) else ""
-            raise write_failure(path, e, kept) from None
-        finally:
-            if tmp and os.path.exists(tmp):
-                os.unlink(tmp)
 
 
 class GracefulStop(L.Callback):

@@ -2,6 +2,7 @@
 folder built aside and renamed into place, a JSON record, a figure, and a new
 folder name that never reuses an old one."""
 
+import contextlib
 import glob
 import io
 import json
@@ -13,29 +14,40 @@ import tempfile
 from rope_lm.errors import write_failure
 
 
-def atomic_write(path: str, data: str | bytes):
-    """Write via a temporary file and a rename, so a kill mid-write leaves the
-    previous version intact, never a truncated file."""
-    d = os.path.dirname(os.path.abspath(path))
+@contextlib.contextmanager
+def replaced_atomically(path: str, errors: tuple = (OSError,)):
+    """Yields a temporary file's path beside `path`; what the block writes
+    there replaces `path` by a rename when the block ends, so a kill
+    mid-write leaves the previous version intact, never a truncated file.
+    A failure of the kinds in `errors` is one paragraph (write_failure)
+    saying what was kept."""
     tmp = None
     try:
-        os.makedirs(d, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-" + os.path.basename(path))
-        # mkstemp makes the file private (0600); results should be as readable as any file the user writes.
-        umask = os.umask(0)
-        os.umask(umask)
-        os.fchmod(fd, 0o666 & ~umask)
-        with os.fdopen(fd, "wb") as f:
-            f.write(data.encode() if isinstance(data, str) else data)
-            f.flush()
-            os.fsync(f.fileno())
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), prefix=".tmp-" + os.path.basename(path))
+        os.close(fd)
+        yield tmp
         os.replace(tmp, path)
-    except OSError as e:
+    except errors as e:
         kept = f"The previous {os.path.basename(path)} is untouched. " if os.path.exists(path) else ""
         raise write_failure(path, e, kept) from None
     finally:
         if tmp and os.path.exists(tmp):
             os.unlink(tmp)
+
+
+def atomic_write(path: str, data: str | bytes):
+    """Write data via a temporary file and a rename (replaced_atomically),
+    flushed to the disk before the rename."""
+    with replaced_atomically(path) as tmp:
+        # mkstemp makes the file private (0600); results should be as readable as any file the user writes.
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
+        with open(tmp, "wb") as f:
+            f.write(data.encode() if isinstance(data, str) else data)
+            f.flush()
+            os.fsync(f.fileno())
 
 
 def build_folder(target: str, build, what: str) -> None:

@@ -4,8 +4,8 @@ import fnmatch
 import json
 import os
 
-from rope_lm.errors import ConfigError, write_failure
-from rope_lm.files import atomic_write
+from rope_lm.errors import ConfigError
+from rope_lm.files import atomic_write, replaced_atomically
 from rope_lm.hf.config import hf_config
 from rope_lm.hf.weights import hf_state_dict
 
@@ -47,20 +47,12 @@ def export_hf(model, tokenizer_json: str | None, out_dir: str) -> dict:
 
 
 def _write_weights(tensors: dict, path: str):
-    """save_file via a temporary name and a rename (the weights can be large: streamed, not held twice in memory)."""
+    """save_file into a temporary file renamed into place (the weights can be large: streamed, not held
+    twice in memory as atomic_write's bytes would be)."""
     from safetensors.torch import save_file
 
-    tmp = os.path.join(os.path.dirname(os.path.abspath(path)), ".tmp-" + os.path.basename(path))
-    try:
-        os.makedirs(os.path.dirname(tmp), exist_ok=True)
+    with replaced_atomically(path) as tmp:
         save_file(tensors, tmp, metadata={"format": "pt"})
-        os.replace(tmp, path)
-    except OSError as e:
-        raise write_failure(path, e, "") from None
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-
 
 def export_checkpoint(ckpt: str, out_dir: str) -> dict:
     """export_hf for a rope-lm checkpoint (.ckpt or run directory), with the
