@@ -133,9 +133,12 @@ def attend(q, k, v, scheme, layer, pos, plan: AttnPlan, ctx, kernel: str = "auto
 MASKED_BIAS_MIN_QUERIES = 384
 
 
-def _query_blocks(B, H, T, min_queries=1):
-    block = max(min_queries, min(T, MAX_SCORE_ELEMENTS // max(1, B * H * T)))
-    return [(s, min(T, s + block)) for s in range(0, T, block)]
+def _query_blocks(B, H, T, min_queries=1, offset=0):
+    """(start, end) of query blocks over absolute indices offset..offset+T-1,
+    each small enough that its scores over keys 0..end fit MAX_SCORE_ELEMENTS."""
+    end = offset + T
+    block = max(min_queries, min(T, MAX_SCORE_ELEMENTS // max(1, B * H * end)))
+    return [(s, min(end, s + block)) for s in range(offset, end, block)]
 
 
 def _mask(T_q0, T_q1, T_k, plan, device):
@@ -213,17 +216,19 @@ def _prepare(q, k, scheme, layer, pos, plan, ctx):
     return q, k, qr, kr, q2, k2
 
 
-def _block_probs(prepared, scheme, layer, pos, plan, ctx, s, e):
-    """Float32 attention probabilities of queries s..e-1 over keys 0..e-1."""
+def _block_probs(prepared, scheme, layer, pos, plan, ctx, s, e, q0=0):
+    """Float32 attention probabilities of queries s..e-1 over keys 0..e-1
+    (absolute indices; the query tensors of ``prepared`` start at q0)."""
     q, k, qr, kr, q2, k2 = prepared
     scale = 1.0 / math.sqrt(q.shape[-1])
-    scores = (qr[:, :, s:e] @ kr[:, :, :e].transpose(-1, -2)) * scale
+    rows = slice(s - q0, e - q0)
+    scores = (qr[:, :, rows] @ kr[:, :, :e].transpose(-1, -2)) * scale
     if plan.two_pass:
         far = (torch.arange(s, e, device=q.device)[:, None] - torch.arange(e, device=q.device)[None, :]) >= plan.alt_from
-        scores = torch.where(far, (q2[:, :, s:e] @ k2[:, :, :e].transpose(-1, -2)) * scale, scores)
+        scores = torch.where(far, (q2[:, :, rows] @ k2[:, :, :e].transpose(-1, -2)) * scale, scores)
     if scheme.has_bias:
         scores = scores + scheme.bias(layer, pos[s:e], pos[:e], ctx).to(scores.dtype)
-    extra = scheme.content_scores(layer, q[:, :, s:e], k[:, :, :e], pos[s:e], pos[:e], ctx)
+    extra = scheme.content_scores(layer, q[:, :, rows], k[:, :, :e], pos[s:e], pos[:e], ctx)
     if extra is not None:
         scores = scores + extra
     scores = scores.masked_fill(~_mask(s, e, e, plan, q.device), float("-inf"))
@@ -239,14 +244,62 @@ def attention_probs(q, k, scheme, layer, pos, plan, ctx) -> torch.Tensor:
 
 def explicit_attention(q, k, v, scheme, layer, pos, plan, ctx):
     k, v = match_heads(q, k, v)
-    B, H, T, D = q.shape
-    prepared = _prepare(q, k, scheme, layer, pos, plan, ctx)
+    return _explicit_blocks(_prepare(q, k, scheme, layer, pos, plan, ctx), v, scheme, layer, pos, plan, ctx)
+
+
+def _explicit_blocks(prepared, v, scheme, layer, pos, plan, ctx, q0=0):
+    """The explicit path over prepared (rotated, scaled) tensors whose
+    queries are the last ones, from absolute index q0, of len(pos) tokens."""
+    B, H, t, _ = prepared[2].shape
     out = []
-    for s, e in _query_blocks(B, H, T):
-        probs = _block_probs(prepared, scheme, layer, pos, plan, ctx, s, e).to(v.dtype)
+    for s, e in _query_blocks(B, H, t, offset=q0):
+        probs = _block_probs(prepared, scheme, layer, pos, plan, ctx, s, e, q0).to(v.dtype)
         y = probs @ v[:, :, :e]
         value = scheme.value_term(layer, probs, pos[s:e], pos[:e], ctx)
         out.append(y if value is None else y + value)
+    return torch.cat(out, dim=2)
+
+
+def offset_attention(q, kr, v, scheme, layer, pos, plan, ctx, *, qr, k=None, q2=None, k2=None):
+    """Queries at the last q.shape[2] of len(pos) positions over every key
+    0..len(pos)-1, as a KV cache calls attention. q is unrotated (content
+    terms read it), qr and q2 rotated at the query positions; kr, k2 and v
+    cover every key, grouped heads unrepeated. Log-n's q_scale is applied
+    here. Equals the rows of the full forward's attention for those queries."""
+    q0 = pos.shape[0] - q.shape[2]
+    if plan.q_scale is not None:
+        qs = plan.q_scale[q0:].to(q.dtype)[:, None]
+        q, qr = q * qs, qr * qs
+        q2 = None if q2 is None else q2 * qs
+    if scheme.has_content_terms or plan.two_pass:
+        kk = kr if k is None else k
+        kk, kr, v = match_heads(q, kk, kr, v)
+        if plan.two_pass:
+            (k2,) = match_heads(q, k2)
+        return _explicit_blocks((q, kk, qr, kr, q2, k2), v, scheme, layer, pos, plan, ctx, q0)
+    return _offset_sdpa(qr, kr, v, scheme, layer, pos, plan, ctx, q0)
+
+
+def _offset_sdpa(q, k, v, scheme, layer, pos, plan, ctx, q0):
+    """SDPA for queries q0.. over keys 0..; grouped heads are folded into the
+    query rows, (B, Hkv, G * t, D), so the cached keys are never repeated."""
+    B, H, t, D = q.shape
+    Hkv = k.shape[1]
+    G = H // Hkv
+    out = []
+    for s, e in _query_blocks(B, H, t, offset=q0):
+        qb = q[:, :, s - q0:e - q0].reshape(B, Hkv, G * (e - s), D)
+        mask = None
+        if scheme.has_bias or plan.window or e - s > 1:
+            mask = torch.zeros(e - s, e, dtype=q.dtype, device=q.device)
+            mask = mask.masked_fill(~_mask(s, e, e, plan, q.device), float("-inf"))
+            if scheme.has_bias:
+                mask = mask + scheme.bias(layer, pos[s:e], pos[:e], ctx).to(q.dtype)  # (H, tq, e)
+                mask = mask.reshape(1, Hkv, G * (e - s), e)
+            else:
+                mask = mask.repeat(G, 1)
+        y = F.scaled_dot_product_attention(qb, k[:, :, :e], v[:, :, :e], attn_mask=mask)
+        out.append(y.reshape(B, H, e - s, D))
     return torch.cat(out, dim=2)
 
 

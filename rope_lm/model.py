@@ -8,6 +8,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from rope_lm.attention import KERNELS, attend
+from rope_lm.kv_cache import KVCache, cached_attention
 from rope_lm.errors import ConfigError
 from rope_lm.positional import Dims, PosContext, build_scheme
 from rope_lm.scaling import build_scaling
@@ -125,10 +126,13 @@ class Attention(nn.Module):
         H, Hkv, D = self.n_head, self.n_kv_head, self.head_dim
         return self.qkv(x).view(B, T, H + 2 * Hkv, D).transpose(1, 2).split((H, Hkv, Hkv), dim=1)
 
-    def forward(self, x, scheme, pos, plan, ctx):
+    def forward(self, x, scheme, pos, plan, ctx, cache=None):
         B, T, _ = x.shape
         q, k, v = self.split_qkv(x)
-        y = attend(q, k, v, scheme, self.layer, pos, plan, ctx, self.kernel)
+        if cache is None:
+            y = attend(q, k, v, scheme, self.layer, pos, plan, ctx, self.kernel)
+        else:
+            y = cached_attention(q, k, v, scheme, self.layer, pos, plan, ctx, cache.layer(self.layer))
         return self.drop(self.proj(y.transpose(1, 2).reshape(B, T, self.n_head * self.head_dim)))
 
 
@@ -140,8 +144,8 @@ class Block(nn.Module):
         self.norm2 = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
         self.mlp = MLP(cfg)
 
-    def forward(self, x, scheme, pos, plan, ctx):
-        x = x + self.attn(self.norm1(x), scheme, pos, plan, ctx)
+    def forward(self, x, scheme, pos, plan, ctx, cache=None):
+        x = x + self.attn(self.norm1(x), scheme, pos, plan, ctx, cache)
         return x + self.mlp(self.norm2(x))
 
 
@@ -194,22 +198,38 @@ class TransformerLM(nn.Module):
         return PosContext(seq_len=seq_len, train_len=self.cfg.train_len, scaling=self.scaling,
                           tuned_len=self.cfg.tuned_len, training=self.training)
 
-    def forward(self, idx: torch.Tensor, pos: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, idx: torch.Tensor, pos: torch.Tensor | None = None,
+                cache: KVCache | None = None) -> torch.Tensor:
         """idx (B, T) token ids -> logits (B, T, vocab)."""
-        return self.lm_head(self.hidden(idx, pos))
+        return self.lm_head(self.hidden(idx, pos, cache))
 
-    def hidden(self, idx: torch.Tensor, pos: torch.Tensor | None = None) -> torch.Tensor:
+    def hidden(self, idx: torch.Tensor, pos: torch.Tensor | None = None,
+               cache: KVCache | None = None) -> torch.Tensor:
         """idx (B, T) -> final normed hidden states (B, T, d_model), what
-        lm_head projects: for losses computed a chunk at a time (rope_lm.head)."""
+        lm_head projects: for losses computed a chunk at a time (rope_lm.head).
+
+        With a cache (rope_lm.kv_cache), idx are the next T tokens after the
+        ones it holds: they are read at the positions that follow, attend to
+        every token held, and are appended to it."""
         T = idx.shape[1]
-        ctx = self.context(T)
+        start = 0
+        if cache is not None:
+            if pos is not None:
+                raise ValueError("pos and cache exclude each other: a cache reads tokens at the positions after "
+                                 "the ones it holds.")
+            start = cache.begin(idx.shape[0], T)
+        ctx = self.context(T if cache is None else cache.seq_len(T))
+        if cache is not None:
+            ctx.state = cache.state
         if pos is None:
-            pos = torch.arange(T, device=idx.device)
+            pos = torch.arange(start + T, device=idx.device)
         pos = self.scaling.map_positions(pos, self.pos_scheme, ctx)
         plan = self.scaling.attention_plan(pos, ctx)
-        x = self.drop(self.pos_scheme.embed(self.wte(idx), pos, ctx))
+        x = self.drop(self.pos_scheme.embed(self.wte(idx), pos[start:], ctx))
         for block in self.blocks:
-            x = block(x, self.pos_scheme, pos, plan, ctx)
+            x = block(x, self.pos_scheme, pos, plan, ctx, cache)
+        if cache is not None:
+            cache.commit(T)
         return self.norm(x)
 
 

@@ -49,6 +49,9 @@ class PosContext:
     # not depend on whether gradients are recorded.
     training: bool = False
     cache: dict = field(default_factory=dict)  # shared by all layers of one forward
+    # What a scheme carries from one KV-cached call to the next (a recurrent
+    # scheme's hidden state); a fresh dict for a forward without a cache.
+    state: dict = field(default_factory=dict)
 
 
 class PositionalScheme(nn.Module):

@@ -32,5 +32,6 @@ class Recurrent(PositionalScheme):
         self.rnn = CELLS[cell](dims.d_model, dims.d_model, num_layers=num_layers, batch_first=True)
 
     def embed(self, x, pos, ctx):
-        out, _ = self.rnn(x)
+        # ctx.state carries the hidden state from one KV-cached call to the next.
+        out, ctx.state["recurrent"] = self.rnn(x, ctx.state.get("recurrent"))
         return x + out

@@ -4,7 +4,7 @@ an exponential decay of the logit with distance.
 Channel pair i gets zeta_i = (2i/d + gamma) / (1 + gamma) < 1 (d = rotary
 dims); the query at n is scaled by zeta^(n / scale_base) and the key at m by
 zeta^(-m / scale_base), so q_n . k_m carries zeta^((n - m) / scale_base).
-Positions enter relative to the centre of the current span, which leaves
+Positions enter relative to the centre of the sequence, (T - 1) / 2, which leaves
 every score unchanged (only n - m survives) but halves the exponents, as the
 reference implementation does, so long sequences stay inside float range.
 """
@@ -54,10 +54,10 @@ class XPos(RoPE):
 
     def rotate(self, q, k, q_pos, k_pos, layer, ctx):
         q, k = super().rotate(q, k, q_pos, k_pos, layer, ctx)
-        # One centre for both, so the gains cancel to zeta^((n - m)/scale_base).
-        lo = torch.minimum(q_pos.min(), k_pos.min()).to(torch.float32)
-        hi = torch.maximum(q_pos.max(), k_pos.max()).to(torch.float32)
-        centre = (lo + hi) / 2
+        # One centre for queries and keys, so the gains cancel to
+        # zeta^((n - m)/scale_base); taken from the length, not from these
+        # positions, so that keys a KV cache rotated in an earlier call share it.
+        centre = (ctx.seq_len - 1) / 2
         r = self.rot_dim
 
         def scaled(x, gain):

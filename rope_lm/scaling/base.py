@@ -43,6 +43,9 @@ class ScalingMethod:
     # its rows (position interpolation, hierarchical decomposition); schemes
     # with a bounded table consult it in validate().
     extends_position_table: bool = False
+    # True where attention_plan may ask for a second rotary pass (AttnPlan.two_pass)
+    # at some lengths; a growing KV cache then keeps raw keys for it.
+    far_pass: bool = False
 
     def __init__(self, logn: bool = False, logn_in_training: bool = False):
         for key, value in (("logn", logn), ("logn_in_training", logn_in_training)):

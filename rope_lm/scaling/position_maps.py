@@ -34,6 +34,7 @@ def _window(value, ctx) -> int:
 
 class TwoPassMap(ScalingMethod):
     applies_to = ROTARY
+    far_pass = True
 
     def __init__(self, window="auto", **common):
         super().__init__(**common)
@@ -44,7 +45,8 @@ class TwoPassMap(ScalingMethod):
 
     def plan(self, pos, ctx):
         w = _window(self.window, ctx)
-        if w > pos.shape[0] - 1:
+        # ctx.seq_len, not len(pos): a planned KV cache sees only the tokens so far.
+        if w > ctx.seq_len - 1:
             return AttnPlan()
         alt_q, alt_k = self.alt_positions(pos, w, ctx)
         return AttnPlan(alt_q_pos=alt_q, alt_k_pos=alt_k, alt_from=w)
@@ -112,7 +114,7 @@ class SelfExtend(TwoPassMap):
         return (T - 1) // G + w - w // G
 
     def alt_positions(self, pos, w, ctx):
-        G = self.group_size(pos.shape[0], w, ctx)
+        G = self.group_size(ctx.seq_len, w, ctx)
         grouped = torch.div(pos, G, rounding_mode="floor")
         return grouped + (w - w // G), grouped
 
