@@ -277,6 +277,8 @@ def offset_attention(q, kr, v, scheme, layer, pos, plan, ctx, *, qr, k=None, q2=
         if plan.two_pass:
             (k2,) = match_heads(q, k2)
         return _explicit_blocks((q, kk, qr, kr, q2, k2), v, scheme, layer, pos, plan, ctx, q0)
+    if q0 == 0:  # a prefill: the full forward's kernels (causal SDPA, distance bias)
+        return sdpa_path(qr, kr, v, scheme, layer, pos, plan, ctx)
     return _offset_sdpa(qr, kr, v, scheme, layer, pos, plan, ctx, q0)
 
 
