@@ -71,7 +71,7 @@ def evaluate_and_report(model, cache, eval_cfg: EvalConfig, methods: list[dict |
                     log.info("[%s] kept from the earlier evaluation in %s", label, out_dir)
                     continue
                 results["methods"][label] = {"options": options,
-                                             **model.scaling.describe(model.pos_scheme, model.context(max(lengths)))}
+                                             **model.describe_scaling(max(lengths))}
 
                 def on_result(row, label=label):
                     row = {"method": label, **row}

@@ -1,7 +1,8 @@
 """A decoder-only, pre-norm, causal transformer that knows positional schemes
 only through the hooks of rope_lm.positional.base (see DESIGN.md)."""
 
-from dataclasses import dataclass, asdict
+from dataclasses import dataclass, asdict, replace
+import json
 
 import torch
 from torch import nn
@@ -9,6 +10,7 @@ from torch.nn import functional as F
 
 from rope_lm.attention import KERNELS, attend
 from rope_lm.kv_cache import KVCache, cached_attention
+from rope_lm.layout import LayerSpec, layer_specs
 from rope_lm.errors import ConfigError
 from rope_lm.positional import Dims, PosContext, build_scheme
 from rope_lm.scaling import build_scaling
@@ -34,6 +36,7 @@ class ModelConfig:
     head_dim: int | None = None  # None: d_model / n_head
     norm_eps: float | None = None  # RMSNorm epsilon; None: torch's default (finfo(dtype).eps)
     qkv_bias: bool | None = None  # bias on the q/k/v projection (Qwen2); None: same as `bias`
+    layout: dict | None = None  # per-layer schemes and windows (rope_lm/layout.py); None: `pos` everywhere
 
     @property
     def kv_heads(self) -> int:
@@ -71,6 +74,7 @@ class ModelConfig:
             )
         if self.attention not in KERNELS:
             raise ConfigError(f"model.attention={self.attention!r} is not a kernel; use one of {', '.join(KERNELS)}.")
+        layer_specs(self.layout, {}, self.n_layer)  # the layout's shape; its schemes are checked when built
         if self.mlp_ratio <= 0 or not 0 <= self.dropout < 1:
             raise ConfigError(f"model.mlp_ratio={self.mlp_ratio} must be positive and model.dropout={self.dropout} "
                               f"within [0, 1).")
@@ -81,12 +85,53 @@ class ModelConfig:
 
 def check_fit(cfg: ModelConfig, pos: dict, scaling: dict | None, length: int) -> None:
     """Refuse a scheme/method pair that does not fit, or a length the scheme or
-    method cannot serve, building only the scheme and the method (no weights)."""
-    scheme = build_scheme(pos, cfg.dims())
+    method cannot serve, building only the schemes and the method (no weights)."""
+    specs = layer_specs(cfg.layout, pos, cfg.n_layer)
+    schemes = _layer_schemes(specs, pos, cfg.dims())
     method = build_scaling(scaling)
-    method.check(scheme)
-    scheme.validate(length, method)
-    method.validate(length, scheme, cfg.train_len)
+    active = _active_layers(method, specs, schemes)
+    _validate_length(length, method, schemes, active, cfg.train_len)
+
+
+def _layer_schemes(specs: list[LayerSpec] | None, pos: dict, dims: Dims) -> list:
+    """One scheme per layer; layers with equal settings share the instance."""
+    if specs is None:
+        scheme = build_scheme(pos, dims)
+        return [scheme] * dims.n_layer
+    built = {}
+    for spec in specs:
+        key = json.dumps(spec.pos, sort_keys=True, default=str)
+        if key not in built:
+            built[key] = build_scheme(spec.pos, dims)
+    return [built[json.dumps(spec.pos, sort_keys=True, default=str)] for spec in specs]
+
+
+def _active_layers(method, specs, schemes) -> list[int]:
+    """The layers the method acts on; refuses a method that fits none."""
+    if specs is None:
+        method.check(schemes[0])
+        return list(range(len(schemes)))
+    active = [i for i, (spec, scheme) in enumerate(zip(specs, schemes)) if spec.scaled and method.applies(scheme)]
+    if not active and method.name != "none":
+        names = sorted({s.name for s in schemes})
+        raise ConfigError(
+            f"Extrapolation method {method.name!r} (setting `scaling`) fits no layer of this layout: its layers use "
+            f"{', '.join(names)} (those with scaling: false excluded), and {method.name!r} acts on "
+            f"{method.acts_on()}. Choose a method that applies to one of them, or let a layer take it."
+        )
+    return active
+
+
+def _validate_length(length, method, schemes, active, train_len):
+    plain = build_scaling(None)
+    done = set()
+    for i, scheme in enumerate(schemes):
+        acting = method if i in active else plain
+        if (id(scheme), id(acting)) in done:
+            continue
+        done.add((id(scheme), id(acting)))
+        scheme.validate(length, acting)
+        acting.validate(length, scheme, train_len)
 
 
 MLP_KINDS = ("gelu", "swiglu")
@@ -154,7 +199,18 @@ class TransformerLM(nn.Module):
         super().__init__()
         cfg.validate()
         self.cfg = cfg
-        self.pos_scheme = build_scheme(pos, cfg.dims())
+        self.layout = layer_specs(cfg.layout, pos, cfg.n_layer)
+        layer_schemes = _layer_schemes(self.layout, pos, cfg.dims())
+        # The first layer's scheme keeps the name `pos_scheme` (state-dict keys of
+        # models without a layout unchanged); a layout's other schemes follow.
+        self.pos_scheme = layer_schemes[0]
+        others = []
+        for scheme in layer_schemes:
+            if scheme is not self.pos_scheme and all(scheme is not o for o in others):
+                others.append(scheme)
+        self.layout_schemes = nn.ModuleList(others) if others else None
+        self._layer_schemes = layer_schemes  # a plain list: the modules are registered above
+        self._plain = build_scaling(None)
         self.set_scaling(scaling)
         self.wte = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.drop = nn.Dropout(cfg.dropout)
@@ -182,12 +238,20 @@ class TransformerLM(nn.Module):
     def set_scaling(self, scaling):
         """Swap the extrapolation method (a config dict or a ScalingMethod)."""
         method = build_scaling(scaling) if scaling is None or isinstance(scaling, dict) else scaling
-        method.check(self.pos_scheme)
+        self.scaled_layers = _active_layers(method, self.layout, self._layer_schemes)
         self.scaling = method
 
     def validate_length(self, seq_len: int):
-        self.pos_scheme.validate(seq_len, self.scaling)
-        self.scaling.validate(seq_len, self.pos_scheme, self.cfg.train_len)
+        _validate_length(seq_len, self.scaling, self._layer_schemes, self.scaled_layers, self.cfg.train_len)
+
+    def describe_scaling(self, seq_len: int) -> dict:
+        """The method's realized settings at seq_len (results.json), and under a
+        layout the layers it acts on."""
+        first = self.scaled_layers[0] if self.scaled_layers else 0
+        out = self.scaling.describe(self._layer_schemes[first], self.context(seq_len))
+        if self.layout is not None:
+            out["layers"] = list(self.scaled_layers)
+        return out
 
     def num_params(self, non_embedding=True) -> int:
         n = sum(p.numel() for p in self.parameters())
@@ -223,14 +287,40 @@ class TransformerLM(nn.Module):
             ctx.state = cache.state
         if pos is None:
             pos = torch.arange(start + T, device=idx.device)
-        pos = self.scaling.map_positions(pos, self.pos_scheme, ctx)
-        plan = self.scaling.attention_plan(pos, ctx)
-        x = self.drop(self.pos_scheme.embed(self.wte(idx), pos[start:], ctx))
-        for block in self.blocks:
-            x = block(x, self.pos_scheme, pos, plan, ctx, cache)
+        if self.layout is not None:
+            x = self._layout_blocks(idx, pos, start, ctx, cache)
+        else:
+            pos = self.scaling.map_positions(pos, self.pos_scheme, ctx)
+            plan = self.scaling.attention_plan(pos, ctx)
+            x = self.drop(self.pos_scheme.embed(self.wte(idx), pos[start:], ctx))
+            for block in self.blocks:
+                x = block(x, self.pos_scheme, pos, plan, ctx, cache)
         if cache is not None:
             cache.commit(T)
         return self.norm(x)
+
+    def _layout_blocks(self, idx, pos, start, ctx, cache):
+        """The blocks under a layout: each layer with its scheme, its window,
+        and the method where it acts (positions and plans computed once per
+        scheme and method)."""
+        groups = {}
+        x = self.drop(self.wte(idx))
+        for i, block in enumerate(self.blocks):
+            scheme, spec = self._layer_schemes[i], self.layout[i]
+            method = self.scaling if i in self.scaled_layers else self._plain
+            key = (id(scheme), id(method))
+            if key not in groups:
+                gctx = replace(ctx, scaling=method, cache={})
+                gpos = method.map_positions(pos, scheme, gctx)
+                groups[key] = (gctx, gpos, method.attention_plan(gpos, gctx))
+            gctx, gpos, plan = groups[key]
+            if spec.window is not None:
+                plan = replace(plan, window=min(spec.window, plan.window or spec.window))
+            # Each layer's own carried state (a recurrent scheme at two layers reads two inputs).
+            lctx = replace(gctx, state=(cache.state if cache is not None else {}).setdefault(i, {}))
+            x = scheme.embed(x, gpos[start:], lctx)
+            x = block(x, scheme, gpos, plan, lctx, cache)
+        return x
 
 
 def build_model(model: dict, pos: dict, scaling: dict | None, vocab_size: int, train_len: int,
