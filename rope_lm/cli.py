@@ -28,8 +28,20 @@ _RUN_ID = secrets.token_hex(3)
 
 def register_resolvers() -> None:
     """${run_id:}: six hex digits drawn once per process, so that two runs
-    started in the same second (two seeds, a script loop) get two folders."""
+    started in the same second (two seeds, a script loop) get two folders;
+    ${layout_tag:...}: a layout's name beside the scheme's."""
     OmegaConf.register_new_resolver("run_id", lambda: _RUN_ID, replace=True)
+    # ${layout_tag:${oc.select:model.layout,null}}: "+<layout name>" in run folder names, "" without a layout.
+    OmegaConf.register_new_resolver("layout_tag", _layout_tag, replace=True)
+
+
+def _layout_tag(layout) -> str:
+    from rope_lm.layout import scheme_label
+
+    if layout is None:
+        return ""
+    layout = OmegaConf.to_container(layout, resolve=True) if not isinstance(layout, dict) else layout
+    return scheme_label({"name": ""}, {"layout": layout})
 
 
 register_resolvers()

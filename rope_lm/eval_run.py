@@ -11,6 +11,7 @@ import signal
 from rope_lm.config import DATA_ANNOTATIONS, typed, typed_component, typed_dataclass
 from rope_lm.errors import ConfigError, Interrupted
 from rope_lm.evaluation import EvalConfig, eval_summary, evaluate_lengths
+from rope_lm.layout import scheme_label
 from rope_lm.files import fresh_dir
 from rope_lm.report import RESULTS_JSON, log_to_wandb, new_results, write_views
 from rope_lm.run_folder import RunFolder, Status, check_writable, first_missing, refuse_taken
@@ -161,7 +162,7 @@ def evaluate_checkpoint(ckpt_path: str | None, methods: list[dict], eval_options
         _check_same_evaluation(earlier, config, out_dir)
         results = earlier
     else:
-        results = new_results(config, cache.corpus, model.cfg.train_len, hp["pos"]["name"])
+        results = new_results(config, cache.corpus, model.cfg.train_len, scheme_label(hp["pos"], hp.get("model")))
     results["out_dir"] = out_dir
     finish = (f"To finish it, run the same command again with out={out_dir} existing=continue "
               f"(the complete methods are kept).")

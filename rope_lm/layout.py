@@ -91,6 +91,16 @@ def layer_specs(layout: dict | None, pos: dict, n_layer: int) -> list[LayerSpec]
     return [specs[i % len(specs)] for i in range(n_layer)]
 
 
+def scheme_label(pos: dict, model: dict | None) -> str:
+    """What results.json calls the model's scheme: `pos` alone, or under a
+    layout `<pos>+<layout name>` (e.g. rope+nope_every_4), so compared runs
+    and run folders tell a layout from its plain scheme."""
+    layout = (model or {}).get("layout")
+    if not layout or (layout.get("pattern") is None and layout.get("layers") is None):
+        return pos["name"]
+    return f"{pos['name']}+{layout.get('name') or 'layout'}"
+
+
 def describe(specs: list[LayerSpec] | None) -> str:
     """A short label, e.g. 'rope x3 + nope' or 'rope(w=64) / nope'."""
     if specs is None:

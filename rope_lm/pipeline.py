@@ -17,6 +17,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from rope_lm.checkpointing import check_resumable, resolve_checkpoint
 from rope_lm.config import RunConfig, resolve_run
 from rope_lm.data import LMDataModule, prepare
+from rope_lm.layout import scheme_label
 from rope_lm.eval_run import evaluate_and_report
 from rope_lm.evaluation import eval_summary
 from rope_lm.finetune import apply_init_from, init_from_hparams, load_init_from
@@ -68,8 +69,8 @@ def train_and_evaluate(run: RunConfig | dict, out_dir: str, logger=None, claimed
         cache = prepare(data_cfg, run.source, expect_corpus=corpus)
         training = {"steps": start.steps, "checkpoint_dir": os.path.join(out_dir, "checkpoints"),
                     "val_loss": earlier.get("val_loss"), "train_loss": earlier.get("train_loss")}
-        results = new_results(run.raw, cache.corpus, run.data.seq_len, run.pos["name"], status=Status.COMPLETE,
-                              training=training)
+        results = new_results(run.raw, cache.corpus, run.data.seq_len, scheme_label(run.pos, run.model),
+                              status=Status.COMPLETE, training=training)
         return evaluate_and_report(open_model(ckpt).model, cache, run.eval, [run.scaling], out_dir, results,
                                    wandb_run(logger), finish)
 
@@ -129,4 +130,5 @@ def _new_results(run: RunConfig, cache, trainer, out_dir: str, status: Status, e
     for name, key in (("val_loss", "val/loss"), ("train_loss", "train/loss")):
         value = trainer.callback_metrics.get(key)
         training[name] = float(value) if value is not None else earlier.get(name)
-    return new_results(run.raw, cache.corpus, run.data.seq_len, run.pos["name"], status=status, training=training)
+    return new_results(run.raw, cache.corpus, run.data.seq_len, scheme_label(run.pos, run.model), status=status,
+                       training=training)

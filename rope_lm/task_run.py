@@ -34,6 +34,7 @@ import torch.nn.functional as F
 from rope_lm import bootstrap
 from rope_lm.config import DERIVED_MODEL_KEYS, EXISTING, dataclass_annotations, typed, typed_component, typed_dataclass
 from rope_lm.errors import ConfigError
+from rope_lm.layout import scheme_label
 from rope_lm.lit import OptimConfig, build_optimizer
 from rope_lm.model import ModelConfig, build_model, check_fit
 from rope_lm.positional import SCHEMES
@@ -350,7 +351,7 @@ def run_task(run: TaskRun, out_dir: str, logger=None) -> dict:
     scored = evaluate_sizes(model, task, vocab, tests, run.eval.batch_size, device)
     results = {
         "kind": "task", "task": task.name, "task_options": {k: v for k, v in run.task.items() if k != "name"},
-        "scheme": run.pos["name"], "method": method_label(run.scaling), "seed": run.seed,
+        "scheme": scheme_label(run.pos, run.model), "method": method_label(run.scaling), "seed": run.seed,
         "train_sizes": [run.sizes.train_min, run.sizes.train_max], "test_max": run.sizes.test_max,
         "train_len": task.max_tokens(run.sizes.train_max), "vocab": vocab.symbols,
         "score": "exact match of answer + <eos>, teacher-forced (= greedy decoding's verdict)",

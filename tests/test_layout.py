@@ -168,3 +168,4 @@ def test_presets_build_and_a_layout_run_trains_and_evaluates(tiny_data_options, 
     with open(run / "results.json") as f:
         results = __import__("json").load(f)
     assert results["config"]["model"]["layout"]["name"] == "nope_every_4"
+    assert results["scheme"] == "rope+nope_every_4"  # compare.py's row name
