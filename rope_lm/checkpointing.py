@@ -12,6 +12,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from rope_lm.errors import ConfigError
 from rope_lm.files import replaced_atomically
+from rope_lm.recompute import SETTING
 
 log = logging.getLogger("rope_lm")
 
@@ -157,8 +158,13 @@ def check_resumable(ckpt_path: str, hparams: dict, saved_hparams: dict | None = 
     """Refuse, before any work, to resume a checkpoint whose model differs
     (saved_hparams: the checkpoint's, when the caller has read them already)."""
     old = saved_hparams if saved_hparams is not None else read_checkpoint(ckpt_path).get("hyper_parameters") or {}
+
+    def identity(hp, key):  # recomputing activations (or not) changes no weight
+        value = hp.get(key)
+        return {k: v for k, v in value.items() if k != SETTING} if key == "model" and isinstance(value, dict) else value
+
     diffs = [f"{k}: checkpoint {old.get(k)!r} vs now {hparams.get(k)!r}"
-             for k in MODEL_IDENTITY if old.get(k) != hparams.get(k)]
+             for k in MODEL_IDENTITY if identity(old, k) != identity(hparams, k)]
     if diffs:
         raise ConfigError(
             f"Cannot resume {ckpt_path}: it was trained with a different model ({'; '.join(diffs)}). "

@@ -41,6 +41,7 @@ class TrainerConfig:
     deterministic: bool | str = "auto"
     compile: bool = False
     skip_nonfinite: int = 0
+    sharded: bool = False  # FSDP2 per block over the devices (rope_lm/sharding.py; the trainer=fsdp preset)
     lightning: dict = field(default_factory=dict)
 
     def validate(self):

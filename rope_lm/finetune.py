@@ -8,13 +8,14 @@ import logging
 from rope_lm.config import RunConfig
 from rope_lm.errors import ConfigError
 from rope_lm.model import check_fit
+from rope_lm.recompute import SETTING
 from rope_lm.resume import own_tokenizer
 from rope_lm.trained import read_start
 
 log = logging.getLogger("rope_lm")
 
 # Model settings that do not change what the weights mean; a fine-tune may set them anew.
-FINETUNE_FREE_MODEL_KEYS = {"name", "dropout", "attention"}
+FINETUNE_FREE_MODEL_KEYS = {"name", "dropout", "attention", SETTING}
 
 
 def load_init_from(run: RunConfig, out_dir: str) -> dict:
@@ -38,11 +39,13 @@ def load_init_from(run: RunConfig, out_dir: str) -> dict:
     if given.startswith("hf:"):
         keep_own = run.scaling.get("name") == "none" and not run.scaling.get("logn")
         scaling = (hp.get("scaling") if keep_own else run.scaling) or {"name": "none"}
-        run = dataclasses.replace(run, model=hp["model"], pos=hp["pos"], scaling=scaling)
+        # The imported architecture, trained with or without recomputing activations as this run asks.
+        model = {**hp["model"], SETTING: run.model.get(SETTING, False)}
+        run = dataclasses.replace(run, model=model, pos=hp["pos"], scaling=scaling)
     diffs = [f"pos.{k}: checkpoint {hp['pos'].get(k)!r}, this run {run.pos.get(k)!r}"
              for k in sorted(set(hp["pos"]) | set(run.pos)) if hp["pos"].get(k) != run.pos.get(k)]
     diffs += [f"model.{k}: checkpoint {hp['model'].get(k)!r}, this run {run.model.get(k)!r}"
-              for k in sorted(set(hp["model"]) | set(run.model) - FINETUNE_FREE_MODEL_KEYS)
+              for k in sorted((set(hp["model"]) | set(run.model)) - FINETUNE_FREE_MODEL_KEYS)
               if hp["model"].get(k) != run.model.get(k)]
     if diffs:
         raise ConfigError(

@@ -77,6 +77,8 @@ class LitLM(L.LightningModule):
             from rope_lm.compile import maybe_compile
 
             self._forward = maybe_compile(self.model)
+        # Not registered as a child: its weights are the model's, already registered (and so checkpointed) once.
+        object.__setattr__(self, "_training_loss", TrainingLoss(self.model, self.compiled_forward))
 
     def on_save_checkpoint(self, checkpoint):
         if self.tokenizer_json is not None:
@@ -110,11 +112,17 @@ class LitLM(L.LightningModule):
         """Mean next-token cross-entropy of a batch (x, y), through the
         compiled forward when there is one."""
         x, y = batch
-        if self._forward is self.model:
-            # Chunked past CHUNK_TOKENS; the plain computation up to it.
-            return mean_cross_entropy(self.model.hidden(x), self.model.lm_head.weight, y)
-        logits = self._forward(x)
-        return F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
+        return self._training_loss(x, y)
+
+    def configure_model(self):
+        """Under the sharded preset (rope_lm/sharding.py), each block and then
+        the training loss become FSDP units; under any other strategy, nothing."""
+        if self.device_mesh is None or getattr(self, "_sharded", False):
+            return
+        from rope_lm.sharding import shard
+
+        shard(self._training_loss, self.model.blocks, self.device_mesh["data_parallel"], self.trainer.precision)
+        self._sharded = True
 
     def training_step(self, batch, batch_idx):
         loss = self.loss(batch)
@@ -122,7 +130,8 @@ class LitLM(L.LightningModule):
         finite = self.trainer.strategy.reduce_boolean_decision(bool(torch.isfinite(loss)), all=True)
         if not finite:
             return self._nonfinite(loss)
-        self.log("train/loss", loss, prog_bar=True)
+        # The mean over the ranks: the loss of the global batch, the curve one process would log.
+        self.log("train/loss", loss, prog_bar=True, sync_dist=True)
         self._pending_row = (logged_step(self.trainer), loss.detach())
         return loss
 
@@ -170,6 +179,24 @@ class LitLM(L.LightningModule):
     def configure_optimizers(self):
         opt, sched = build_optimizer(self.model, self.optim, self.max_steps, self._keep_listed_decay)
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+
+class TrainingLoss(torch.nn.Module):
+    """The training loss as a module of its own, so that a sharded run's root
+    FSDP unit is entered before the loss reads the output head's weight
+    (rope_lm/sharding.py)."""
+
+    def __init__(self, model, compiled=None):
+        super().__init__()
+        self.model = model
+        object.__setattr__(self, "compiled", compiled)  # shares the model's modules: not registered twice
+
+    def forward(self, x, y):
+        if self.compiled is None:
+            # Chunked past CHUNK_TOKENS; the plain computation up to it.
+            return mean_cross_entropy(self.model.hidden(x), self.model.lm_head.weight, y)
+        logits = self.compiled(x)
+        return F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
 
 
 def _decay_split(model: torch.nn.Module, honour_listed: bool = True):

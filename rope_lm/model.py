@@ -13,6 +13,7 @@ from rope_lm.kv_cache import KVCache, cached_attention
 from rope_lm.layout import LayerSpec, layer_specs
 from rope_lm.errors import ConfigError
 from rope_lm.positional import Dims, PosContext, build_scheme
+from rope_lm.recompute import run_block
 from rope_lm.scaling import build_scaling
 
 
@@ -37,6 +38,7 @@ class ModelConfig:
     norm_eps: float | None = None  # RMSNorm epsilon; None: torch's default (finfo(dtype).eps)
     qkv_bias: bool | None = None  # bias on the q/k/v projection (Qwen2); None: same as `bias`
     layout: dict | None = None  # per-layer schemes and windows (rope_lm/layout.py); None: `pos` everywhere
+    activation_checkpointing: bool = False  # recompute each block in backward (rope_lm/recompute.py)
 
     @property
     def kv_heads(self) -> int:
@@ -75,6 +77,9 @@ class ModelConfig:
         if self.attention not in KERNELS:
             raise ConfigError(f"model.attention={self.attention!r} is not a kernel; use one of {', '.join(KERNELS)}.")
         layer_specs(self.layout, {}, self.n_layer)  # the layout's shape; its schemes are checked when built
+        if not isinstance(self.activation_checkpointing, bool):
+            raise ConfigError(f"model.activation_checkpointing={self.activation_checkpointing!r} must be true or "
+                              f"false (true recomputes each block's activations in backward).")
         if self.mlp_ratio <= 0 or not 0 <= self.dropout < 1:
             raise ConfigError(f"model.mlp_ratio={self.mlp_ratio} must be positive and model.dropout={self.dropout} "
                               f"within [0, 1).")
@@ -294,7 +299,7 @@ class TransformerLM(nn.Module):
             plan = self.scaling.attention_plan(pos, ctx)
             x = self.drop(self.pos_scheme.embed(self.wte(idx), pos[start:], ctx))
             for block in self.blocks:
-                x = block(x, self.pos_scheme, pos, plan, ctx, cache)
+                x = run_block(block, x, self.pos_scheme, pos, plan, ctx, cache, self.cfg.activation_checkpointing)
         if cache is not None:
             cache.commit(T)
         return self.norm(x)
@@ -319,7 +324,7 @@ class TransformerLM(nn.Module):
             # Each layer's own carried state (a recurrent scheme at two layers reads two inputs).
             lctx = replace(gctx, state=(cache.state if cache is not None else {}).setdefault(i, {}))
             x = scheme.embed(x, gpos[start:], lctx)
-            x = block(x, scheme, gpos, plan, lctx, cache)
+            x = run_block(block, x, scheme, gpos, plan, lctx, cache, self.cfg.activation_checkpointing)
         return x
 
 

@@ -24,7 +24,8 @@ from rope_lm.finetune import apply_init_from, init_from_hparams, load_init_from
 from rope_lm.lit import LitLM
 from rope_lm.report import new_results, write_views
 from rope_lm.resume import check_resume
-from rope_lm.run_folder import EvaluateOnly, Resume, RunFolder, Skip, Status, check_writable
+from rope_lm.run_folder import (EvaluateOnly, Resume, RunFolder, Skip, Status, check_writable, hand_to_ranks,
+                                rank_zero_claim)
 from rope_lm.run_settings import BOOKKEEPING
 from rope_lm.scaling import method_label
 from rope_lm.trained import open_model
@@ -39,10 +40,14 @@ def claim_train(run: RunConfig, out_dir: str):
     a finished checkpoint only needs its evaluation."""
     check_writable(out_dir)
     folder = RunFolder(out_dir, bookkeeping=BOOKKEEPING)
+    joined = rank_zero_claim(out_dir)  # another rank of a multi-device run: rank 0 holds the folder
+    if joined is not None:
+        return folder, joined
     ckpt = resolve_checkpoint(run.ckpt_path, "ckpt_path") if run.ckpt_path else None
     start = folder.claim(run.raw, run.existing, ckpt, run.trainer.max_steps)
     if isinstance(start, Resume) and start.steps >= run.trainer.max_steps and run.existing == "continue":
         start = EvaluateOnly(start.ckpt, start.steps)
+    hand_to_ranks(out_dir, start)
     return folder, start
 
 

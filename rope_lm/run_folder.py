@@ -370,6 +370,33 @@ def _read_only(path: str) -> bool:
         return False
 
 
+# --- the other processes of one multi-device run ---------------------------------------------
+
+# Lightning starts the other ranks of a multi-device run (DDP, trainer=fsdp) by running the same command
+# again; they must join rank 0's run, not claim its folder (whose lock rank 0 holds) as a second run.
+RANKS_ENV = "ROPE_LM_CLAIMED_RUN"
+
+
+def hand_to_ranks(path: str, decision: Decision) -> None:
+    """Rank 0, once it holds the folder: the processes it starts later (they
+    inherit its environment) take `decision` instead of claiming the folder."""
+    if isinstance(decision, (Start, Resume)):
+        os.environ[RANKS_ENV] = json.dumps({"dir": os.path.abspath(path), "kind": type(decision).__name__,
+                                            "ckpt": decision.ckpt, "steps": getattr(decision, "steps", None)})
+
+
+def rank_zero_claim(path: str) -> Decision | None:
+    """The decision of the rank 0 that started this process for the same
+    folder, or None where this process is no such rank."""
+    given = os.environ.get(RANKS_ENV)
+    if not given or os.environ.get("LOCAL_RANK", "0") == "0":  # Lightning gives the processes it starts theirs
+        return None
+    claim = json.loads(given)
+    if claim["dir"] != os.path.abspath(path):
+        return None
+    return Resume(claim["ckpt"], claim["steps"]) if claim["kind"] == "Resume" else Start(claim["ckpt"])
+
+
 def record_failure(out_dir: str, config: dict, error: Exception, folder: RunFolder | None = None) -> None:
     """results.json of a run that stopped on an error says so (status failed
     and the message), so a sweep's comparison lists it. Only in a folder this

@@ -16,6 +16,8 @@ BOOKKEEPING = frozenset({
     "data.cache_dir", "data.num_workers", "data.num_proc", "data.memory_mb", "data.full_check",
     "trainer.val_every_n_steps", "trainer.ckpt_every_n_steps", "trainer.ckpt_every_minutes",
     "trainer.log_every_n_steps", "trainer.enable_progress_bar",
+    # Recomputing activations in backward trades time for memory; the numbers are the same.
+    "model.activation_checkpointing",
 })
 
 # The same for a task run (scripts/task.py): its log interval and CPU threads

@@ -47,6 +47,11 @@ def trainer_kwargs(tc: TrainerConfig, out_dir: str, logger, on_stop=None) -> dic
         num_sanity_val_steps=0, plugins=[AtomicCheckpointIO()],
     )
     kwargs.update(lightning)
+    if tc.sharded:
+        from rope_lm.sharding import BlockShardedStrategy, check_sharded
+
+        check_sharded(lightning, tc.compile)
+        kwargs["strategy"] = BlockShardedStrategy()
     return kwargs
 
 
@@ -58,11 +63,16 @@ def build_trainer(kwargs: dict):
     from lightning.fabric.utilities.exceptions import MisconfigurationException
 
     try:
-        return L.Trainer(**kwargs)
+        trainer = L.Trainer(**kwargs)
     except (MisconfigurationException, ValueError, TypeError, RuntimeError) as e:
         first = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise ConfigError(f"lightning.Trainer refused the trainer settings ({first}). Check the `trainer.*` "
                           f"values against Lightning's documentation.") from None
+    from rope_lm.sharding import BlockShardedStrategy, check_world
+
+    if isinstance(trainer.strategy, BlockShardedStrategy):
+        check_world(trainer.num_devices, trainer.num_nodes)
+    return trainer
 
 
 def wandb_run(logger):
