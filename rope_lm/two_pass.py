@@ -101,11 +101,13 @@ def attention(qr, kr, q2, k2, v, plan, q0: int, max_elements: int):
     fused = qr.device.type == "cpu" and not _needs_grad(qr, kr, q2, k2, v)
     widest = max(near[1], far[1] or 0) if far else near[1]
     block = _block_rows(B, H, G, t, N, widest, fused, max_elements)
-    near_pass = _Pass(qr, kr, v, q0, G, fused)
-    far_pass = _Pass(q2, k2, v, q0, G, fused, near_pass.masks)
+    masks = _Masks()
+    near_pass = _Pass(qr, kr, v, q0, G, fused, masks)
+    far_pass = _Pass(q2, k2, v, q0, G, fused, masks)
     out = qr.new_empty(B, Hkv, G, t, v.shape[-1])
     for s in range(q0, N, block):
         e = min(N, s + block)
+        masks.new_block()
         parts = [near_pass.band(near, s, e)]
         if far is not None and e - 1 >= w:
             parts += far_pass.unbounded(w, s, e) if far[1] is None else [far_pass.band(far, s, e)]
@@ -118,28 +120,48 @@ def _needs_grad(*tensors) -> bool:
 
 
 def _block_rows(B, H, G, t, N, widest, fused, max_elements):
-    """Queries per block. Fused, the largest tensors held are the masks
-    (G * block x (widest band + block)); written out, the scores of a block
+    """Queries per block. Fused, the largest tensors held are the masks,
+    each G * block x (widest band + block); written out, the scores of a block
     over every key (B x H x block x N), the explicit path's own bound."""
     if not fused:
         return max(1, min(t, max_elements // max(1, B * H * N)))
     block = min(t, FUSED_QUERIES)
-    while block > 1 and G * block * (widest + 1 + block) > max_elements:
+    # A block holds at most three masks (near band, far band or triangle).
+    while block > 1 and 3 * G * block * (widest + 1 + block) > max_elements:
         block //= 2
     return block
 
 
-class _Pass:
-    """One rotation's queries and keys; runs its parts of a query block.
-    Masks depend only on a part's shape, so one dict (shared by both passes
-    of a call) serves every block of that shape."""
+class _Masks:
+    """Additive masks by shape, shared by both passes of a call: a mask
+    depends only on its part's shape, so the blocks after the first few
+    reuse the same ones. Only the current block's stay held."""
 
-    def __init__(self, q, k, v, q0, G, fused, masks=None):
+    def __init__(self):
+        self.held: dict = {}
+        self.used: set = set()
+
+    def new_block(self):
+        self.used = set()
+
+    def get(self, key, build):
+        if key not in self.held:
+            for old in [k for k in self.held if k not in self.used]:
+                del self.held[old]
+            self.held[key] = build()
+        self.used.add(key)
+        return self.held[key]
+
+
+class _Pass:
+    """One rotation's queries and keys; runs its parts of a query block."""
+
+    def __init__(self, q, k, v, q0, G, fused, masks):
         self.q = q.unflatten(1, (k.shape[1], G))  # (B, Hkv, G, t, D): query head h = kv * G + g
         self.k, self.v, self.q0, self.G = k, v, q0, G
         self.run = _fused_part if fused else _written_part
         self.dtype = q.dtype if fused else torch.float32  # the additive mask's, as each kernel adds it
-        self.masks = {} if masks is None else masks
+        self.masks = masks
 
     def band(self, rng, s, e):
         """Keys at distance lo..hi from queries s..e-1: rows from the first
@@ -177,12 +199,12 @@ class _Pass:
     def _mask(self, key, allowed):
         """The additive mask of a part, (G * rows, keys): 0 where allowed,
         -inf elsewhere, repeated for the G folded heads."""
-        key = (*key, self.dtype)
-        if key not in self.masks:
+        def build():
             ok = allowed(self.k.device)
             add = torch.zeros(ok.shape, dtype=self.dtype, device=ok.device).masked_fill_(~ok, float("-inf"))
-            self.masks[key] = add.repeat(self.G, 1)
-        return self.masks[key]
+            return add.repeat(self.G, 1)
+
+        return self.masks.get((*key, self.dtype), build)
 
 
 def _fused_part(q, k, v, mask):
