@@ -226,14 +226,17 @@ def _written_part(q, k, v, mask):
 def _merge(parts, G, n):
     """A block's output (B, Hkv, G, n, D) in float32 from its parts
     (first row, (output, lse)); the first covers all n rows, the others
-    the block's last rows."""
+    the block's last rows. Merging o_a with o_b is a lerp by the share of
+    b's softmax mass, sigmoid(l_b - l_a)."""
     (_, (out, lse)), rest = parts[0], parts[1:]
     out, lse = out.float().unflatten(2, (G, n)), lse.unflatten(2, (G, n))
     for _, (o, l) in rest:
         o, l = o.float().unflatten(2, (G, -1)), l.unflatten(2, (G, -1))
         tail = n - o.shape[3]
-        both = torch.logaddexp(lse[..., tail:], l)
-        merged = out[..., tail:, :] * torch.exp(lse[..., tail:] - both)[..., None] + o * torch.exp(l - both)[..., None]
-        out = torch.cat((out[..., :tail, :], merged), dim=3)
-        lse = torch.cat((lse[..., :tail], both), dim=3)
+        share = torch.sigmoid(l - lse[..., tail:])[..., None]
+        if _needs_grad(out, o, share):
+            out = torch.cat((out[..., :tail, :], torch.lerp(out[..., tail:, :], o, share)), dim=3)
+        else:  # the parts' outputs are this call's own tensors
+            out[..., tail:, :].lerp_(o, share)
+        lse = torch.cat((lse[..., :tail], torch.logaddexp(lse[..., tail:], l)), dim=3)
     return out

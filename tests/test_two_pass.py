@@ -239,3 +239,22 @@ def test_no_block_larger_than_the_explicit_paths(grad, monkeypatch):
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
     assert explicit_largest[0] and ours_largest[0]
     assert ours_largest[0] <= explicit_largest[0]
+
+
+def test_the_benchmark_runs_at_a_tiny_size(tmp_path):
+    """benchmarks/two_pass.py end to end; smoke only, no timing asserted
+    (the machine is shared), but its comparison with explicit is read."""
+    import os
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    done = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "two_pass.py"), "models=[tiny]",
+                           "lengths=[48]", "train_len=16", "threads=1"], cwd=tmp_path, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = [line.split("|")[1:-1] for line in done.stdout.splitlines() if line.startswith("| tiny |")]
+    assert [r[2].strip() for r in rows] == ["rerope", "leaky_rerope", "self_extend"]
+    for r in rows:
+        assert float(r[5].strip().rstrip("x")) > 0 and float(r[-1]) < 1e-4, r
+    assert os.listdir(tmp_path) == []  # writes nothing
