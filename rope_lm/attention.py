@@ -22,8 +22,12 @@ query heads (match_heads) before the scheme sees them, so positional schemes
 with per-head parameters (ALiBi slopes, T5 buckets, ...) act on query heads
 and every kernel computes exactly the same thing as with full heads.
 
-``auto``: explicit where content-position terms or a two-pass position map
-require it; flex on CUDA for a bias or a window; sdpa otherwise, CPU
+Two-pass plans (ReRoPE, leaky ReRoPE, Self-Extend) go to ``two_pass``
+(rope_lm/two_pass.py: near band and far region each over only its keys,
+merged by log-sum-exp, grouped heads kept) unless ``explicit`` is asked for
+or the plan needs what that kernel lacks (two_pass.unsupported).
+
+``auto``: explicit where content-position terms require it; flex on CUDA for a bias or a window; sdpa otherwise, CPU
 included. On CPU, compiled flex spends 6-30 s compiling per new sequence
 length before it is faster than the blocked SDPA mask, which an evaluation
 over 5 lengths never earns back (measurements: docs/schemes.md).
@@ -36,7 +40,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from rope_lm import distance_bias
+from rope_lm import distance_bias, two_pass
 
 log = logging.getLogger("rope_lm.attention")
 
@@ -64,6 +68,8 @@ class AttnPlan:
 
 
 def choose_kernel(requested: str, scheme, plan: AttnPlan, device: torch.device, needs_grad: bool = False) -> str:
+    if plan.two_pass and requested != "explicit" and two_pass.fits(scheme, plan):
+        return "two_pass"
     if scheme.has_content_terms or plan.two_pass:
         return "explicit"
     if requested in ("sdpa", "explicit"):
@@ -111,9 +117,11 @@ def match_heads(q, *kv):
 def attend(q, k, v, scheme, layer, pos, plan: AttnPlan, ctx, kernel: str = "auto"):
     """q (B, H, T, D), k and v (B, H or a divisor of H, T, D) before any
     rotation; returns (B, H, T, D)."""
-    k, v = match_heads(q, k, v)
     needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
     kernel = choose_kernel(kernel, scheme, plan, q.device, needs_grad)
+    if kernel == "two_pass":  # keeps grouped heads grouped
+        return two_pass.full_attention(q, k, v, scheme, layer, pos, plan, ctx, MAX_SCORE_ELEMENTS)
+    k, v = match_heads(q, k, v)
     if kernel == "explicit":
         return explicit_attention(q, k, v, scheme, layer, pos, plan, ctx)
     q, k = scheme.rotate(q, k, pos, pos, layer, ctx)
@@ -275,6 +283,8 @@ def offset_attention(q, kr, v, scheme, layer, pos, plan, ctx, *, qr, k=None, q2=
         qs = plan.q_scale[q0:].to(q.dtype)[:, None]
         q, qr = q * qs, qr * qs
         q2 = None if q2 is None else q2 * qs
+    if plan.two_pass and two_pass.fits(scheme, plan):
+        return two_pass.attention(qr, kr, q2, k2, v, plan, q0, MAX_SCORE_ELEMENTS)
     if scheme.has_content_terms or plan.two_pass:
         kk = kr if k is None else k
         kk, kr, v = match_heads(q, kk, kr, v)

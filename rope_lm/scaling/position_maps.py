@@ -13,9 +13,10 @@ alt_k_pos[j], whose relative position is alt_q_pos[i] - alt_k_pos[j].
   W - floor(W/G) makes the grouped relative position start near W where the
   neighbour window ends, so the two regions join.
 
-Where no pair is far (w > T - 1) the plan is plain causal attention, which
-keeps short lengths on the fast kernel. These plans force the explicit
-attention kernel (two rotations, T x T scores in query blocks).
+Where no pair is far (w > T - 1), or Self-Extend's group is 1 (its grouped
+positions are the true ones), the plan is plain causal attention, which
+keeps those lengths on the plain kernel. Other plans take the two-pass kernel
+(rope_lm/two_pass.py): near band and far region each over only its keys.
 """
 
 import torch
@@ -112,6 +113,11 @@ class SelfExtend(TwoPassMap):
     @staticmethod
     def _max_grouped(T, w, G) -> int:
         return (T - 1) // G + w - w // G
+
+    def plan(self, pos, ctx):
+        if self.group_size(ctx.seq_len, _window(self.window, ctx), ctx) == 1:
+            return AttnPlan()  # floor(i/1) + W - W = i: the far pass would repeat the near one
+        return super().plan(pos, ctx)
 
     def alt_positions(self, pos, w, ctx):
         G = self.group_size(ctx.seq_len, w, ctx)
