@@ -27,8 +27,8 @@ Two-pass plans (ReRoPE, leaky ReRoPE, Self-Extend) go to ``two_pass``
 merged by log-sum-exp, grouped heads kept) unless ``explicit`` is asked for
 or the plan needs what that kernel lacks (two_pass.unsupported).
 
-``auto``: explicit where content-position terms require it; flex on CUDA for a bias or a window; sdpa otherwise, CPU
-included. On CPU, compiled flex spends 6-30 s compiling per new sequence
+``auto``: explicit where content-position terms require it; flex on CUDA
+for a bias or a window; sdpa otherwise, CPU included. On CPU, compiled flex spends 6-30 s compiling per new sequence
 length before it is faster than the blocked SDPA mask, which an evaluation
 over 5 lengths never earns back (measurements: docs/schemes.md).
 """
