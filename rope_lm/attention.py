@@ -17,8 +17,10 @@
   agree with it (tests/test_attention.py).
 
 Grouped-query attention: k and v may carry fewer heads than q (a divisor of
-them). Every entry point repeats each key/value head over its group of
-query heads (match_heads) before the scheme sees them, so positional schemes
+them). Every entry point but the two-pass kernel (which folds a group's
+query heads into rows instead, and serves only rotary schemes without
+per-head terms) repeats each key/value head over its group of query heads
+(match_heads) before the scheme sees them, so positional schemes
 with per-head parameters (ALiBi slopes, T5 buckets, ...) act on query heads
 and every kernel computes exactly the same thing as with full heads.
 
@@ -27,10 +29,11 @@ Two-pass plans (ReRoPE, leaky ReRoPE, Self-Extend) go to ``two_pass``
 merged by log-sum-exp, grouped heads kept) unless ``explicit`` is asked for
 or the plan needs what that kernel lacks (two_pass.unsupported).
 
-``auto``: explicit where content-position terms require it; flex on CUDA for a bias or a window; sdpa otherwise, CPU
-included. On CPU, compiled flex spends 6-30 s compiling per new sequence
-length before it is faster than the blocked SDPA mask, which an evaluation
-over 5 lengths never earns back (measurements: docs/schemes.md).
+``auto``: explicit where content-position terms require it; flex on CUDA
+for a bias or a window; sdpa otherwise, CPU included. On CPU, compiled flex
+spends 6-30 s compiling per new sequence length before it is faster than the
+blocked SDPA mask, which an evaluation over 5 lengths never earns back
+(measurements: docs/schemes.md).
 """
 
 from dataclasses import dataclass

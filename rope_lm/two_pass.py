@@ -230,7 +230,7 @@ def _merge(parts, G, n):
     b's softmax mass, sigmoid(l_b - l_a)."""
     (_, (out, lse)), rest = parts[0], parts[1:]
     out, lse = out.float().unflatten(2, (G, n)), lse.unflatten(2, (G, n))
-    for _, (o, l) in rest:
+    for index, (_, (o, l)) in enumerate(rest):
         o, l = o.float().unflatten(2, (G, -1)), l.unflatten(2, (G, -1))
         tail = n - o.shape[3]
         share = torch.sigmoid(l - lse[..., tail:])[..., None]
@@ -238,5 +238,6 @@ def _merge(parts, G, n):
             out = torch.cat((out[..., :tail, :], torch.lerp(out[..., tail:, :], o, share)), dim=3)
         else:  # the parts' outputs are this call's own tensors
             out[..., tail:, :].lerp_(o, share)
-        lse = torch.cat((lse[..., :tail], torch.logaddexp(lse[..., tail:], l)), dim=3)
+        if index < len(rest) - 1:
+            lse = torch.cat((lse[..., :tail], torch.logaddexp(lse[..., tail:], l)), dim=3)
     return out
