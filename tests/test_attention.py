@@ -348,9 +348,11 @@ def test_fire_past_its_L_writes_bias_and_mask_in_one_pass(window, monkeypatch):
         assert "fire_mask_buffer" in c.cache  # the one-pass mask served the blocks
         torch.testing.assert_close(got, ref, atol=2e-5, rtol=1e-4)
 
-        monkeypatch.setattr(_fire_kernel, "available", lambda: False)  # without numba: the torch path, same result
+        # Without numba: the torch path, the same mask values (asserted above to the bit) in other query
+        # blocks, so only the summation order differs (1.2e-6 measured on an Intel Xeon).
+        monkeypatch.setattr(_fire_kernel, "available", lambda: False)
         c = PosContext(seq_len=n, train_len=64, scaling=build_scaling(None))
-        torch.testing.assert_close(attend(q, k, v, scheme, LAYER, pos, plan, c, "sdpa"), got, atol=1e-6, rtol=1e-6)
+        torch.testing.assert_close(attend(q, k, v, scheme, LAYER, pos, plan, c, "sdpa"), got, atol=1e-5, rtol=1e-5)
         assert "fire_mask_buffer" not in c.cache
 
 
