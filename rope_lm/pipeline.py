@@ -86,7 +86,7 @@ def train_and_evaluate(run: RunConfig | dict, out_dir: str, logger=None, claimed
     hparams = dict(model=run.model, pos=run.pos, scaling=run.scaling, optim=run.optim,
                    vocab_size=cache.vocab_size, train_len=data_cfg.seq_len, max_steps=run.trainer.max_steps,
                    corpus=cache.corpus, data=run.raw.get("data") or {}, compile=run.trainer.compile,
-                   skip_nonfinite=run.trainer.skip_nonfinite)
+                   skip_nonfinite=run.trainer.skip_nonfinite, train_pos=run.train_pos, seed=run.seed)
     if init:
         init_from_hparams(init, hparams)
     if resumed:
