@@ -347,6 +347,10 @@ def resolve_run(cfg: dict) -> RunConfig:
     pos = typed_component(SCHEMES, cfg.get("pos") or {}, "pos")
     scaling = typed_component(METHODS, cfg.get("scaling") or {"name": "none"}, "scaling")
     train_pos = typed_component(TRAIN_POSITIONS, cfg.get("train_pos") or {"name": "none"}, "train_pos")
+    if train_pos == {"name": "none"}:
+        # Plain positions, what every run did before train_pos existed, are recorded as no setting, so a
+        # run's recorded settings stay those of its earlier sittings (a study continued with existing=continue).
+        cfg.pop("train_pos", None)
     logger = cfg.get("logger") or {"name": "none"}
     if not isinstance(logger, dict):
         raise ConfigError(f"`logger` must be a mapping of settings with a name, not {logger!r}.")

@@ -229,3 +229,13 @@ def test_run_folders_name_the_method():
                           ({"name": "randomized", "factor": 8}, "rope-randomized-x8_none")):
         cfg = OmegaConf.create({"train_pos": options, "dir": "rope${train_tag:${train_pos}}_none"})
         assert cfg.dir == name
+
+
+def test_plain_positions_record_no_setting(tiny_config):
+    """A run folder from before train_pos existed holds settings without it; a plain run today records none,
+    so such a folder is still continued, while a PoSE run records its method."""
+    tiny_config["train_pos"] = {"name": "none"}
+    assert "train_pos" not in resolve_run(tiny_config).raw
+    tiny_config["train_pos"] = {"name": "pose"}
+    run = resolve_run(tiny_config)
+    assert run.raw["train_pos"] == {"name": "pose"} and run.train_pos == {"name": "pose"}
