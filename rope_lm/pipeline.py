@@ -26,6 +26,7 @@ from rope_lm.resume import check_resume
 from rope_lm.run_folder import EvaluateOnly, Resume, RunFolder, Skip, Status, check_writable
 from rope_lm.run_settings import BOOKKEEPING
 from rope_lm.scaling import method_label
+from rope_lm.train_positions import build_train_positions
 from rope_lm.trained import open_model
 from rope_lm.trainer import build_trainer, trainer_kwargs, wandb_run
 
@@ -69,7 +70,7 @@ def train_and_evaluate(run: RunConfig | dict, out_dir: str, logger=None, claimed
         training = {"steps": start.steps, "checkpoint_dir": os.path.join(out_dir, "checkpoints"),
                     "val_loss": earlier.get("val_loss"), "train_loss": earlier.get("train_loss")}
         results = new_results(run.raw, cache.corpus, run.data.seq_len, run.pos["name"], status=Status.COMPLETE,
-                              training=training)
+                              training=training, **_train_positions(run))
         return evaluate_and_report(open_model(ckpt).model, cache, run.eval, [run.scaling], out_dir, results,
                                    wandb_run(logger), finish)
 
@@ -129,4 +130,11 @@ def _new_results(run: RunConfig, cache, trainer, out_dir: str, status: Status, e
     for name, key in (("val_loss", "val/loss"), ("train_loss", "train/loss")):
         value = trainer.callback_metrics.get(key)
         training[name] = float(value) if value is not None else earlier.get(name)
-    return new_results(run.raw, cache.corpus, run.data.seq_len, run.pos["name"], status=status, training=training)
+    return new_results(run.raw, cache.corpus, run.data.seq_len, run.pos["name"], status=status, training=training,
+                       **_train_positions(run))
+
+
+def _train_positions(run: RunConfig) -> dict:
+    """The training-time position method as realized (e.g. the span of its ids), where there is one."""
+    method = build_train_positions(run.train_pos)
+    return {"train_positions": method.describe(run.data.seq_len)} if method.active else {}

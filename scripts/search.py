@@ -66,7 +66,7 @@ def main(cfg):
     cache, _ = checkpoint_cache(trained.lit, a["data"], out)
     obj = S.objective(model, cache.tokens("valid"), target, a["val_tokens"], a["batch_tokens"])
     started = time.perf_counter()
-    history = _run(method, obj, a, evolution)
+    history = _run(method, obj, a, evolution, os.path.join(out, "trials.json"))
     best = S.best_of(history)
     seconds = time.perf_counter() - started
     chosen = _options(method, best, reference, obj)
@@ -104,12 +104,17 @@ def main(cfg):
           + (f"; installed as scaling={a['conf_name']}" if installed else ""))
 
 
-def _run(method, obj, a, evolution):
+def _run(method, obj, a, evolution, trials_json):
     from rope_lm import search as S
+    from rope_lm.diagnostics import save_json
+
+    done = []
 
     def report(r):
         shown = f"{r['ppl']:.3f}" if r["ppl"] is not None else "refused"
         log.info("trial %d (%s): validation ppl@%d = %s", r["number"], r.get("origin", ""), obj.target, shown)
+        done.append(r)
+        save_json(trials_json, done)  # after every trial: a stopped search keeps what it measured
 
     if method != "longrope":
         return S.optuna_search(method, obj, a["trials"], a["seed"], report)

@@ -3,6 +3,9 @@ method draws, checked against the documented distributions; the model reading
 them; the refusals; and the id stream across a resume."""
 
 import copy
+import inspect
+import json
+import os
 
 import numpy as np
 import pytest
@@ -32,8 +35,17 @@ def many(method, n=4000, length=L, seed=0):
     return draw_batch(method, seed, 0, 0, n, length)
 
 
-def test_the_registry_lists_the_methods():
+def test_the_registry_lists_the_methods_each_with_a_config_of_every_knob():
+    from omegaconf import OmegaConf
+
+    from tests.conftest import ROOT
+
     assert TRAIN_POSITIONS.names() == ["none", "pose", "randomized"]
+    for name in TRAIN_POSITIONS.names():
+        cfg = OmegaConf.to_container(OmegaConf.load(os.path.join(ROOT, "conf", "train_pos", f"{name}.yaml")))
+        knobs = set(inspect.signature(TRAIN_POSITIONS.get(name).__init__).parameters) - {"self", "args", "kwargs"}
+        assert cfg["name"] == name and set(cfg) - {"name"} == knobs
+        build_train_positions(cfg)
 
 
 @pytest.mark.parametrize("chunks,skips", [(2, "paper"), (3, "paper"), (3, "uniform"), (5, "paper")])
@@ -206,6 +218,9 @@ def test_a_resumed_run_continues_the_same_id_stream(tiny_config, tmp_path, monke
     for a, b in zip(drawn["full"], drawn["cut"] + drawn["resumed"]):
         assert torch.equal(a, b)
     assert max(int(i.max()) for i in drawn["full"]) >= 16  # past L: the ids did skip
+    results = json.load(open(tmp_path / "resumed" / "results.json"))
+    assert results["train_positions"] == {"name": "pose", "label": "pose-x4", "span": 64, "factor": 4.0,
+                                          "chunks": 2, "skips": "paper"}
 
 
 def test_compare_names_the_training_positions(tmp_path):

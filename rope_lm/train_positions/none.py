@@ -6,6 +6,3 @@ from rope_lm.train_positions.base import TRAIN_POSITIONS, TrainPositions
 @TRAIN_POSITIONS.register("none")
 class PlainPositions(TrainPositions):
     active = False
-
-    def describe(self, length):
-        return {"name": self.name, "label": self.label}
