@@ -175,3 +175,9 @@ def test_a_scheme_without_rope_is_refused(tiny_cache, tiny_data_options, tmp_pat
                                 pos={"name": "alibi"})
     done = run_script("search.py", f"ckpt={ckpt}", "method=ntk", f"out={tmp_path / 'out'}", status=2)
     assert_one_paragraph(done, "does not apply to positional scheme 'alibi'")
+
+
+def test_the_script_has_help(tmp_path):
+    done = run_script("search.py", "--help", cwd=tmp_path)
+    assert "python scripts/search.py" in done.stdout and "== Settings (defaults) ==" in done.stdout
+    assert os.listdir(tmp_path) == []
