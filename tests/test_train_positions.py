@@ -254,3 +254,26 @@ def test_plain_positions_record_no_setting(tiny_config):
     tiny_config["train_pos"] = {"name": "pose"}
     run = resolve_run(tiny_config)
     assert run.raw["train_pos"] == {"name": "pose"} and run.train_pos == {"name": "pose"}
+
+
+def every_scheme():
+    from rope_lm.positional import SCHEMES
+
+    return SCHEMES.names()
+
+
+@pytest.mark.parametrize("name", every_scheme())
+def test_every_scheme_trains_on_drawn_ids_or_is_refused(name):
+    pos = {"name": name, **({"max_positions": 256} if name == "learned" else {})}
+    torch.manual_seed(0)
+    probe = LitLM(TINY_MODEL, pos, None, {}, vocab_size=64, train_len=16, max_steps=10)
+    if all(s.family not in ("absolute", "rotary", "bias", "relative")
+           for s in [probe.model.pos_scheme, *(probe.model.layout_schemes or [])]):
+        with pytest.raises(ConfigError, match="reads none"):
+            lit({"name": "pose"}, pos=pos)
+        return
+    m = lit({"name": "pose"}, pos=pos)
+    x, y = batch()
+    loss = m.loss((x, y), m.draw_positions(x))
+    loss.backward()
+    assert torch.isfinite(loss) and all(torch.isfinite(p.grad).all() for p in m.parameters() if p.grad is not None)
