@@ -29,10 +29,13 @@ _RUN_ID = secrets.token_hex(3)
 def register_resolvers() -> None:
     """${run_id:}: six hex digits drawn once per process, so that two runs
     started in the same second (two seeds, a script loop) get two folders;
-    ${layout_tag:...}: a layout's name beside the scheme's."""
+    ${layout_tag:...}: a layout's name beside the scheme's;
+    ${train_tag:${train_pos}}: "" for plain training positions, else "-" and
+    the method's label, so a run folder names how its ids were drawn."""
     OmegaConf.register_new_resolver("run_id", lambda: _RUN_ID, replace=True)
     # ${layout_tag:${oc.select:model.layout,null}}: "+<layout name>" in run folder names, "" without a layout.
     OmegaConf.register_new_resolver("layout_tag", _layout_tag, replace=True)
+    OmegaConf.register_new_resolver("train_tag", _train_tag, replace=True)
 
 
 def _layout_tag(layout) -> str:
@@ -42,6 +45,14 @@ def _layout_tag(layout) -> str:
         return ""
     layout = OmegaConf.to_container(layout, resolve=True) if not isinstance(layout, dict) else layout
     return scheme_label({"name": ""}, {"layout": layout})
+
+
+def _train_tag(options) -> str:
+    from rope_lm.train_positions import train_positions_label
+
+    options = OmegaConf.to_container(options, resolve=True) if OmegaConf.is_config(options) else options
+    label = train_positions_label(options if isinstance(options, dict) else None)
+    return "" if label == "none" else f"-{label}"
 
 
 register_resolvers()

@@ -34,6 +34,7 @@ from rope_lm.report import RESULTS_JSON, log_binned
 from rope_lm.run_settings import settings_key
 from rope_lm.sweep import job_dirs, sweep_jobs
 from rope_lm.tables import markdown_table
+from rope_lm.train_positions import train_positions_label
 
 log = logging.getLogger("rope_lm")
 
@@ -76,6 +77,7 @@ class Series:
     reference_self: bool = False  # the reference is this series' own ppl at L_train
     seed: int | None = None
     setting: str = ""  # the run's config without NOT_A_SETTING, and the method: equal for seed replicas
+    train_pos: str = "none"  # how training drew its position ids (rope_lm/train_positions/), e.g. pose-x16
     flat_config: dict = field(default_factory=dict)  # the run's config as dotted keys (labels.flat_settings)
 
     def ppl(self, length):
@@ -264,7 +266,8 @@ def load_run(path: str) -> Run:
     seed = config.get("seed")
     setting = settings_key(config, NOT_A_SETTING)
     run.series = [Series(run_dir=run.dir, scheme=results["scheme"], method=m, train_len=key.train_len, rows=rows,
-                         seed=seed, setting=f"{results['scheme']}|{m}|{setting}", flat_config=flat_settings(config))
+                         seed=seed, setting=f"{results['scheme']}|{m}|{setting}", flat_config=flat_settings(config),
+                         train_pos=train_positions_label(config.get("train_pos")))
                   for m, rows in by_method.items()]
     for s in run.series:
         s.reference_ppl = _reference(s, run.series)
@@ -353,9 +356,11 @@ def _from_here(path: str) -> str:
 
 
 def _label(g: Group):
-    """scheme (+ method unless direct); where two series would share a name,
-    the settings their runs differ in, else their folders (rope_lm.labels)."""
-    bases = [s.scheme if s.method == "none" else f"{s.scheme} + {s.method}" for s in g.series]
+    """scheme ([train: its training-time position method]) (+ method unless
+    direct); where two series would share a name, the settings their runs
+    differ in, else their folders (rope_lm.labels)."""
+    bases = [s.scheme + ("" if s.train_pos == "none" else f" [train: {s.train_pos}]")
+             + ("" if s.method == "none" else f" + {s.method}") for s in g.series]
     entries = [(0, base, s.flat_config, s.run_dir) for base, s in zip(bases, g.series)]
     for s, label in zip(g.series, distinct_labels(entries)):
         s.label = label

@@ -19,11 +19,12 @@ from rope_lm.corpus import SourceConfig
 from rope_lm.data import DataConfig
 from rope_lm.errors import ConfigError
 from rope_lm.evaluation import EvalConfig
-from rope_lm.lit import OptimConfig
+from rope_lm.lit import OptimConfig, check_train_positions
 from rope_lm.loggers import check_options as check_logger
 from rope_lm.model import ModelConfig, check_fit
 from rope_lm.positional import SCHEMES
 from rope_lm.scaling import METHODS
+from rope_lm.train_positions import TRAIN_POSITIONS
 
 # ModelConfig fields the run fills in itself (from the tokenizer and data.seq_len).
 DERIVED_MODEL_KEYS = ("vocab_size", "train_len", "tuned_len")
@@ -72,6 +73,7 @@ class RunConfig:
     eval: EvalConfig
     optim: OptimConfig
     logger: dict
+    train_pos: dict = field(default_factory=lambda: {"name": "none"})  # training-time position ids (train_positions/)
     seed: int = 1337
     ckpt_path: str | None = None
     init_from: str | None = None
@@ -345,17 +347,23 @@ def resolve_run(cfg: dict) -> RunConfig:
                   free={"name"})
     pos = typed_component(SCHEMES, cfg.get("pos") or {}, "pos")
     scaling = typed_component(METHODS, cfg.get("scaling") or {"name": "none"}, "scaling")
+    train_pos = typed_component(TRAIN_POSITIONS, cfg.get("train_pos") or {"name": "none"}, "train_pos")
+    if train_pos == {"name": "none"}:
+        # Plain positions, what every run did before train_pos existed, are recorded as no setting, so a
+        # run's recorded settings stay those of its earlier sittings (a study continued with existing=continue).
+        cfg.pop("train_pos", None)
     logger = cfg.get("logger") or {"name": "none"}
     if not isinstance(logger, dict):
         raise ConfigError(f"`logger` must be a mapping of settings with a name, not {logger!r}.")
     check_logger(logger)
 
     run = RunConfig(model=model, pos=pos, scaling=scaling, data=data, source=source, trainer=trainer,
-                    eval=eval_cfg, optim=optim, logger=logger, raw=cfg, **top)
+                    eval=eval_cfg, optim=optim, logger=logger, train_pos=train_pos, raw=cfg, **top)
     run.lengths = eval_cfg.resolve_lengths(data.seq_len)
     # Model shape, scheme/method fit and the longest length: no weights are built.
     mcfg = run.model_config(vocab_size=data.vocab_size)
     mcfg.validate()
     if not run.init_from:  # a fine-tune runs at the checkpoint's L: load_init_from checks it with that
         check_fit(mcfg, pos, scaling, max(run.lengths + [data.seq_len]))
+        check_train_positions(mcfg, pos, train_pos, data.seq_len)
     return run

@@ -11,7 +11,10 @@ import torch.nn.functional as F
 
 from rope_lm.errors import ConfigError, TrainingDiverged
 from rope_lm.head import mean_cross_entropy
-from rope_lm.model import build_model
+from rope_lm.layout import layer_specs
+from rope_lm.model import ModelConfig, build_model, check_fit
+from rope_lm.positional import build_scheme
+from rope_lm.train_positions.base import build_train_positions, draw_batch
 
 log = logging.getLogger("rope_lm")
 
@@ -59,7 +62,8 @@ def warmup_cosine(step: int, warmup: int, total: int, min_ratio: float) -> float
 class LitLM(L.LightningModule):
     def __init__(self, model: dict, pos: dict, scaling: dict | None, optim: OptimConfig | dict, vocab_size: int,
                  train_len: int, max_steps: int, corpus: dict | None = None, data: dict | None = None,
-                 compile: bool = False, skip_nonfinite: int = 0, tuned_len: int | None = None):
+                 compile: bool = False, skip_nonfinite: int = 0, tuned_len: int | None = None,
+                 train_pos: dict | None = None, seed: int = 0):
         super().__init__()
         # A dict: how checkpoints hold it (plain values, readable without this class), and how they give it back.
         self.optim = optim if isinstance(optim, OptimConfig) else OptimConfig(**optim)
@@ -67,6 +71,11 @@ class LitLM(L.LightningModule):
         self.save_hyperparameters(ignore=["optim"])
         self.save_hyperparameters({**self.hparams, "optim": asdict(self.optim)})
         self.model = build_model(model, pos, scaling, vocab_size, train_len, tuned_len)
+        # Training-time position ids (rope_lm/train_positions/): the n-th training batch's ids come from
+        # (seed, rank, n) alone, and checkpoints carry n, so a resumed run draws the ids it would have drawn.
+        self.train_positions = build_train_positions(train_pos)
+        self.train_positions.check_schemes([self.model.pos_scheme, *(self.model.layout_schemes or [])])
+        self._draws = 0
         self.max_steps = max_steps
         self.skips_left = skip_nonfinite
         self.tokenizer_json: str | None = None  # carried in checkpoints so evaluation re-uses the exact tokenizer
@@ -88,10 +97,12 @@ class LitLM(L.LightningModule):
         if self._pending_row is not None:
             step, loss = self._pending_row
             checkpoint["rope_lm_last_row"] = {"step": step, "metrics": {"train/loss": float(loss)}}
+        checkpoint["rope_lm_train_pos_draws"] = self._draws
 
     def on_load_checkpoint(self, checkpoint):
         self.tokenizer_json = checkpoint.get("tokenizer_json")
         self._restored_row = checkpoint.get("rope_lm_last_row")
+        self._draws = checkpoint.get("rope_lm_train_pos_draws", 0)
         # A run started before `no_weight_decay` existed (the learned position table decayed with the other
         # matrices) resumes with the optimizer groups its saved state has, not today's.
         groups = [len(g["params"]) for g in ((checkpoint.get("optimizer_states") or [{}])[0].get("param_groups") or [])]
@@ -108,11 +119,16 @@ class LitLM(L.LightningModule):
         None without compile."""
         return None if self._forward is self.model else self._forward
 
-    def loss(self, batch):
+    def loss(self, batch, pos: torch.Tensor | None = None):
         """Mean next-token cross-entropy of a batch (x, y), through the
-        compiled forward when there is one."""
+        compiled forward when there is one; pos (B, T): each sequence's
+        position ids (None: plain positions)."""
         x, y = batch
-        return self._training_loss(x, y)
+        if pos is not None and not bool((pos == pos[:1]).all()):
+            # The model reads one row of ids per call: a sequence at a time. Every row has T targets,
+            # so the mean of the rows' means is the batch's mean.
+            return torch.stack([self.loss((x[i:i + 1], y[i:i + 1]), pos[i:i + 1]) for i in range(len(x))]).mean()
+        return self._training_loss(x, y, None if pos is None else pos[0])
 
     def configure_model(self):
         """Under the sharded preset (rope_lm/sharding.py), each block and then
@@ -124,8 +140,16 @@ class LitLM(L.LightningModule):
         shard(self._training_loss, self.model.blocks, self.device_mesh["data_parallel"], self.trainer.precision)
         self._sharded = True
 
+    def draw_positions(self, x: torch.Tensor) -> torch.Tensor | None:
+        """The next training batch's position ids (B, T), or None for plain positions."""
+        if not self.train_positions.active:
+            return None
+        ids = draw_batch(self.train_positions, self.hparams.seed, self.global_rank, self._draws, *x.shape)
+        self._draws += 1
+        return torch.from_numpy(ids).to(x.device)
+
     def training_step(self, batch, batch_idx):
-        loss = self.loss(batch)
+        loss = self.loss(batch, self.draw_positions(batch[0]))
         # All ranks must agree, or one would skip a step the others take.
         finite = self.trainer.strategy.reduce_boolean_decision(bool(torch.isfinite(loss)), all=True)
         if not finite:
@@ -191,12 +215,31 @@ class TrainingLoss(torch.nn.Module):
         self.model = model
         object.__setattr__(self, "compiled", compiled)  # shares the model's modules: not registered twice
 
-    def forward(self, x, y):
+    def forward(self, x, y, pos=None):
         if self.compiled is None:
             # Chunked past CHUNK_TOKENS; the plain computation up to it.
-            return mean_cross_entropy(self.model.hidden(x), self.model.lm_head.weight, y)
-        logits = self.compiled(x)
+            return mean_cross_entropy(self.model.hidden(x, pos), self.model.lm_head.weight, y)
+        logits = self.compiled(x, pos)
         return F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
+
+
+def check_train_positions(cfg: ModelConfig, pos: dict, options: dict | None, length: int) -> None:
+    """Refuse, before any work, a training-time position method that windows
+    of `length` tokens cannot train with: a model whose schemes read no ids,
+    or ids past what a scheme serves without an extrapolation method (a
+    learned table's rows)."""
+    method = build_train_positions(options)
+    if not method.active:
+        return
+    method.check(length)
+    specs = layer_specs(cfg.layout, pos, cfg.n_layer)
+    method.check_schemes([build_scheme(s.pos, cfg.dims()) for s in specs] if specs else [build_scheme(pos, cfg.dims())])
+    span = method.span(length)
+    try:
+        check_fit(cfg, pos, None, span)
+    except ConfigError as e:
+        raise ConfigError(f"train_pos={method.label} gives training windows of {length} tokens position ids up to "
+                          f"{span - 1}, which the scheme must read as they are: {e}") from None
 
 
 def _decay_split(model: torch.nn.Module, honour_listed: bool = True):

@@ -28,6 +28,7 @@ from rope_lm.run_folder import (EvaluateOnly, Resume, RunFolder, Skip, Status, c
                                 rank_zero_claim)
 from rope_lm.run_settings import BOOKKEEPING
 from rope_lm.scaling import method_label
+from rope_lm.train_positions import build_train_positions
 from rope_lm.trained import open_model
 from rope_lm.trainer import build_trainer, trainer_kwargs, wandb_run
 
@@ -75,7 +76,7 @@ def train_and_evaluate(run: RunConfig | dict, out_dir: str, logger=None, claimed
         training = {"steps": start.steps, "checkpoint_dir": os.path.join(out_dir, "checkpoints"),
                     "val_loss": earlier.get("val_loss"), "train_loss": earlier.get("train_loss")}
         results = new_results(run.raw, cache.corpus, run.data.seq_len, scheme_label(run.pos, run.model),
-                              status=Status.COMPLETE, training=training)
+                              status=Status.COMPLETE, training=training, **_train_positions(run))
         return evaluate_and_report(open_model(ckpt).model, cache, run.eval, [run.scaling], out_dir, results,
                                    wandb_run(logger), finish)
 
@@ -92,7 +93,7 @@ def train_and_evaluate(run: RunConfig | dict, out_dir: str, logger=None, claimed
     hparams = dict(model=run.model, pos=run.pos, scaling=run.scaling, optim=run.optim,
                    vocab_size=cache.vocab_size, train_len=data_cfg.seq_len, max_steps=run.trainer.max_steps,
                    corpus=cache.corpus, data=run.raw.get("data") or {}, compile=run.trainer.compile,
-                   skip_nonfinite=run.trainer.skip_nonfinite)
+                   skip_nonfinite=run.trainer.skip_nonfinite, train_pos=run.train_pos, seed=run.seed)
     if init:
         init_from_hparams(init, hparams)
     if resumed:
@@ -136,4 +137,10 @@ def _new_results(run: RunConfig, cache, trainer, out_dir: str, status: Status, e
         value = trainer.callback_metrics.get(key)
         training[name] = float(value) if value is not None else earlier.get(name)
     return new_results(run.raw, cache.corpus, run.data.seq_len, scheme_label(run.pos, run.model), status=status,
-                       training=training)
+                       training=training, **_train_positions(run))
+
+
+def _train_positions(run: RunConfig) -> dict:
+    """The training-time position method as realized (e.g. the span of its ids), where there is one."""
+    method = build_train_positions(run.train_pos)
+    return {"train_positions": method.describe(run.data.seq_len)} if method.active else {}

@@ -7,6 +7,7 @@ import subprocess
 
 from rope_lm import tables
 from rope_lm.files import atomic_write, save_figure, write_json
+from rope_lm.train_positions import train_positions_label
 
 RESULTS_JSON = "results.json"
 RESULTS_MD = "results.md"
@@ -105,8 +106,10 @@ def markdown_table(results: dict) -> str:
         return tables.markdown_table(columns, [[m] + [cell(by[(m, L)], key) if (m, L) in by else "" for L in lengths]
                                                for m in methods])
 
+    drawn = train_positions_label((results.get("config") or {}).get("train_pos"))
+    ids = "" if drawn == "none" else f" with {drawn} position ids"
     out = [
-        f"# Perplexity vs evaluation length — {results['scheme']}, trained at L={train_len}",
+        f"# Perplexity vs evaluation length — {results['scheme']}, trained at L={train_len}{ids}",
         "",
         " ".join(_protocol_lines(results)) if rows else "",
         "",

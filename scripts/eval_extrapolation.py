@@ -5,10 +5,12 @@ extrapolation methods, into one table and one plot.
     python scripts/eval_extrapolation.py ckpt=<run dir> scaling=none,pi,ntk,yarn eval.multipliers=[1,2,4,8]
     python scripts/eval_extrapolation.py ckpt=<run dir> scaling=yarn scaling.factor=4 out=outputs/eval/yarn4
     python scripts/eval_extrapolation.py ckpt=<run dir> scaling=none,ntk,ntk+logn,rerope scaling.rerope.window=32
+    python scripts/eval_extrapolation.py ckpt=<run dir> scaling=none,<search folder>/best.yaml   # a searched config
     python scripts/eval_extrapolation.py hf=HuggingFaceTB/SmolLM-135M scaling=none,yarn data.path=<texts>
 
 Settings use the same names as train.py: `scaling=a,b` names options of the
-conf/scaling group (docs/methods.md), all in one table; `name+logn` adds
+conf/scaling group (docs/methods.md) or YAML files of the same form (scripts/search.py's
+best.yaml), all in one table; `name+logn` adds
 log-n logit scaling to a method (label `name+logn`). `scaling.<key>=v` sets
 <key> for every listed method whose config has it, `scaling.<name>.<key>=v`
 for that method only. `eval.*` overrides conf/eval/default.yaml, `data.*` the
@@ -65,7 +67,7 @@ def scaling_methods(names: list[str], opts: dict) -> list[dict]:
         base, plus, extra = entry.partition("+")
         if plus and extra != "logn":
             raise ConfigError(f"scaling entry {entry!r}: only `+logn` can be added to a method (e.g. ntk+logn).")
-        options = group_config("scaling", base)
+        options = _config_file(base) if base.endswith((".yaml", ".yml")) else group_config("scaling", base)
         if plus:
             options["logn"] = True
         methods.append(options)
@@ -91,6 +93,21 @@ def scaling_methods(names: list[str], opts: dict) -> list[dict]:
     if twice:
         raise ConfigError(f"scaling lists {', '.join(twice)} more than once; each method appears once in the table.")
     return methods
+
+
+def _config_file(path: str) -> dict:
+    """A scaling config written outside conf/scaling/ (scripts/search.py's best.yaml)."""
+    import yaml
+
+    try:
+        with open(path) as f:
+            options = yaml.safe_load(f)
+    except (OSError, yaml.YAMLError) as e:
+        raise ConfigError(f"scaling={path}: the file cannot be read as YAML ({' '.join(str(e).split())}).") from None
+    if not isinstance(options, dict) or "name" not in options:
+        raise ConfigError(f"scaling={path} holds no scaling config: it needs a mapping with the method's `name` and "
+                          f"its settings, as conf/scaling/<name>.yaml has.")
+    return options
 
 
 def settings(rest: list[str]) -> dict:

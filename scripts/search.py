@@ -1,0 +1,211 @@
+"""Search an extrapolation method's settings for a checkpoint and a target
+length: the settings that minimise PPL on the validation split (the test
+split only scores the winner). Settings and examples:
+python scripts/search.py --help (conf/search.yaml).
+
+Writes to out= (default: a new <run dir>/search/<method>_x<ratio>):
+best.yaml (a scaling config: scripts/eval_extrapolation.py scaling=<it>, or
+conf_name= to install it as conf/scaling/<name>.yaml), trials.json and
+trials.png (every trial's validation PPL), search.json and search.md (the
+test-split PPL of the winner, the method's defaults and plain positions,
+with 95% intervals).
+"""
+
+import logging
+import os
+import time
+
+import hydra
+from omegaconf import OmegaConf
+
+from rope_lm.cli import group_config, hydra_task
+from rope_lm.errors import ConfigError
+
+log = logging.getLogger("rope_lm")
+CONF_SCALING = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "conf", "scaling")
+
+
+@hydra.main(config_path="../conf", config_name="search", version_base="1.3")
+@hydra_task
+def main(cfg):
+    from rope_lm import search as S
+    from rope_lm.config import typed_dataclass
+    from rope_lm.longrope_search import Evolution
+    from rope_lm.trained import open_model
+
+    logging.basicConfig(level=logging.INFO, format="[%(name)s] %(message)s")
+    a = OmegaConf.to_container(cfg, resolve=True)
+    method = a["method"]
+    S.check_method(method)
+    evolution = typed_dataclass(Evolution, a["longrope"] or {}, "longrope.", "longrope")
+    for key in ("trials", "val_tokens", "test_tokens", "batch_tokens"):
+        if isinstance(a[key], bool) or not isinstance(a[key], int) or a[key] < 1:
+            raise ConfigError(f"{key}={a[key]!r} must be a positive integer.")
+    if bool(a["ckpt"]) == bool(a["hf"]):
+        raise ConfigError("Give one model: ckpt= (a .ckpt file or a run directory) or hf= (a transformers model "
+                          "folder or hub name).")
+    installed = None
+    if a["conf_name"]:
+        installed = os.path.join(CONF_SCALING, f"{a['conf_name']}.yaml")
+        if os.path.exists(installed):
+            raise ConfigError(f"conf_name={a['conf_name']!r}: {installed} exists already and is never overwritten; "
+                              f"choose another name.")
+    reference = group_config("scaling", S.reference_of(method))
+    trained = open_model(f"hf:{a['hf']}" if a["hf"] else a["ckpt"], a["device"])
+    model, train_len = trained.model, trained.train_len
+    target = a["target"] or int(round(a["multiplier"] * train_len))
+    if target <= train_len:
+        raise ConfigError(f"The target length {target} must exceed the model's training length {train_len}: below "
+                          f"it every method is plain positions. Raise target= or multiplier=.")
+    model.set_scaling(reference)  # a method the scheme does not take is refused here, before any work
+    model.validate_length(target)
+    out = _output_dir(a["out"], trained.path, method, target / train_len)
+
+    from rope_lm.trained import checkpoint_cache
+
+    cache, _ = checkpoint_cache(trained.lit, a["data"], out)
+    obj = S.objective(model, cache.tokens("valid"), target, a["val_tokens"], a["batch_tokens"])
+    started = time.perf_counter()
+    history = _run(method, obj, a, evolution, os.path.join(out, "trials.json"))
+    best = S.best_of(history)
+    seconds = time.perf_counter() - started
+    chosen = _options(method, best, reference, obj)
+
+    from rope_lm.evaluation import evaluate_lengths
+    from rope_lm.files import atomic_write
+    from rope_lm.diagnostics import save_json
+
+    final = S.final_config(obj.eval_cfg, a["test_tokens"], a["bootstrap"], a["seed"])
+    rows = {}
+    for label, options in (("none", {"name": "none"}), (f"{reference['name']} defaults", reference),
+                           (f"{method} searched", chosen)):
+        model.set_scaling(options)
+        rows[label] = evaluate_lengths(model, cache.tokens("test"), final, train_len)[0]
+        log.info("test ppl@%d [%s] = %.3f", target, label, rows[label]["ppl"])
+    text = _yaml(chosen, trained.path, target, best, len(history))
+    atomic_write(os.path.join(out, "best.yaml"), text)
+    if installed:
+        atomic_write(installed, text)
+    save_json(os.path.join(out, "trials.json"), history)
+    _plot(history, os.path.join(out, "trials.png"), method, target, train_len)
+    summary = {"checkpoint": trained.path, "method": method, "target": target, "train_len": train_len,
+               "seed": a["seed"], "trials": len(history), "search_seconds": seconds,
+               "validation": {"tokens": obj.eval_cfg.token_budget, "best_ppl": best["ppl"],
+                              "defaults_ppl": _defaults_ppl(history)},
+               "best": chosen, "test": {k: {key: v.get(key) for key in ("ppl", "ppl_lo", "ppl_hi", "tokens")}
+                                        for k, v in rows.items()},
+               "settings": {k: a[k] for k in ("trials", "longrope", "val_tokens", "test_tokens", "bootstrap")},
+               "installed": installed}
+    save_json(os.path.join(out, "search.json"), summary)
+    table = _table(summary)
+    atomic_write(os.path.join(out, "search.md"), table)
+    print("\n" + table)
+    print(f"Search: {out}/ (best.yaml, trials.json, trials.png, search.json, search.md)"
+          + (f"; installed as scaling={a['conf_name']}" if installed else ""))
+
+
+def _run(method, obj, a, evolution, trials_json):
+    from rope_lm import search as S
+    from rope_lm.diagnostics import save_json
+
+    done = []
+
+    def report(r):
+        shown = f"{r['ppl']:.3f}" if r["ppl"] is not None else "refused"
+        log.info("trial %d (%s): validation ppl@%d = %s", r["number"], r.get("origin", ""), obj.target, shown)
+        done.append(r)
+        save_json(trials_json, done)  # after every trial: a stopped search keeps what it measured
+
+    if method != "longrope":
+        return S.optuna_search(method, obj, a["trials"], a["seed"], report)
+    from rope_lm.longrope_search import evolve
+
+    spec = obj.model.pos_scheme.rotary
+
+    def evaluate(factors):
+        return obj({"name": "longrope", "factor": obj.ratio, "long_factor": factors})
+
+    return evolve(evaluate, spec.rot_dim, spec.base, obj.train_len, obj.target, evolution, a["seed"], report)
+
+
+def _options(method, best, reference, obj) -> dict:
+    """The winner as a complete scaling config (the method's own file's keys, the searched values set)."""
+    base = group_config("scaling", method)
+    if method == "longrope":
+        return {**base, "factor": obj.ratio, "long_factor": best["factors"]}
+    return {**base, **best["options"]}
+
+
+def _defaults_ppl(history):
+    first = [r for r in history if r.get("origin") in ("defaults", "yarn")]
+    return first[0]["ppl"] if first else None
+
+
+def _output_dir(out, path, method, ratio) -> str:
+    from rope_lm.files import fresh_dir
+    from rope_lm.trained import output_home
+
+    if out:
+        if os.path.isdir(out) and os.listdir(out):
+            raise ConfigError(f"out={out} holds files already, which a search never overwrites; give a new folder "
+                              f"(or leave out= unset for a fresh one).")
+        os.makedirs(out, exist_ok=True)
+        return out
+    folder = fresh_dir(os.path.join(output_home(path, "search"), f"{method}_x{ratio:g}"))
+    os.makedirs(folder)
+    return folder
+
+
+def _yaml(options, source, target, best, n) -> str:
+    import yaml
+
+    head = (f"# Searched by scripts/search.py for {source} at {target} tokens: validation PPL "
+            f"{best['ppl']:.4f}, the best of {n} trials.\n# Load with scaling=<this file> "
+            f"(scripts/eval_extrapolation.py) or copy into conf/scaling/.\n")
+    return head + yaml.safe_dump(options, sort_keys=False)
+
+
+def _plot(history, path, method, target, train_len):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from rope_lm.files import save_figure
+
+    done = [r for r in history if r["ppl"] is not None]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.scatter([r["number"] for r in done], [r["ppl"] for r in done], s=14, label="trial")
+    best, line = float("inf"), []
+    for r in history:
+        if r["ppl"] is not None:
+            best = min(best, r["ppl"])
+        line.append(best)
+    ax.step(range(len(history)), line, where="post", color="black", label="best so far")
+    if _defaults_ppl(history) is not None:
+        ax.axhline(_defaults_ppl(history), color="grey", linestyle="--",
+                   label="defaults" if method != "longrope" else "YaRN's factors")
+    ax.set_yscale("log")
+    ax.set_xlabel("trial")
+    ax.set_ylabel(f"validation PPL at {target} tokens")
+    ax.set_title(f"{method} search, trained at L={train_len}")
+    ax.legend()
+    save_figure(fig, path)
+
+
+def _table(s: dict) -> str:
+    from rope_lm.tables import markdown_table
+
+    def cell(r):
+        ci = f" [{r['ppl_lo']:.2f}, {r['ppl_hi']:.2f}]" if r.get("ppl_lo") is not None else ""
+        return f"{r['ppl']:.2f}{ci}"
+
+    rows = [[label, cell(r)] for label, r in s["test"].items()]
+    return (f"# {s['method']} settings searched at {s['target']} tokens ({s['target'] / s['train_len']:g} x L)\n\n"
+            f"Checkpoint {s['checkpoint']}. {s['trials']} trials, each scoring {s['validation']['tokens']} validation "
+            f"tokens; best validation PPL {s['validation']['best_ppl']:.3f}. Test-split PPL at the target, 95% "
+            f"bootstrap interval:\n\n" + markdown_table(["settings", f"test PPL @ {s['target']}"], rows) + "\n")
+
+
+if __name__ == "__main__":
+    main()
