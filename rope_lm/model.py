@@ -12,6 +12,7 @@ from rope_lm.attention import KERNELS, attend
 from rope_lm.kv_cache import KVCache, cached_attention
 from rope_lm.layout import LayerSpec, layer_specs
 from rope_lm.errors import ConfigError
+from rope_lm.norms import NORM_KINDS, build_norm
 from rope_lm.positional import Dims, PosContext, build_scheme
 from rope_lm.scaling import build_scaling
 
@@ -37,6 +38,14 @@ class ModelConfig:
     norm_eps: float | None = None  # RMSNorm epsilon; None: torch's default (finfo(dtype).eps)
     qkv_bias: bool | None = None  # bias on the q/k/v projection (Qwen2); None: same as `bias`
     layout: dict | None = None  # per-layer schemes and windows (rope_lm/layout.py); None: `pos` everywhere
+    # Options of the 2025 families (rope_lm/hf maps them); each default leaves the model above unchanged.
+    norm: str = "rms"  # one of norms.NORM_KINDS: rms, rms_offset (Gemma's 1 + w), layer (Cohere's, no bias)
+    qk_norm: bool = False  # a `norm` over each head's query and key before rotation (Qwen3, Gemma 3)
+    post_norms: bool = False  # a `norm` on each sublayer's output before the residual add (Gemma 2/3)
+    parallel: bool = False  # attention and MLP read the same normed input and add together (Cohere)
+    embed_scale: float | None = None  # token embeddings times this (Gemma: sqrt(d_model)); None: 1
+    attn_scale: float | None = None  # softmax scale of q.k; None: 1 / sqrt(head_size)
+    logit_scale: float | None = None  # logits times this (Cohere), folded into the final hidden states
 
     @property
     def kv_heads(self) -> int:
@@ -72,6 +81,18 @@ class ModelConfig:
                 f"model.d_model={self.d_model} is not divisible by model.n_head={self.n_head}; "
                 f"the head dimension must be a whole number (e.g. d_model={self.n_head * max(1, self.d_model // self.n_head)})."
             )
+        if self.norm not in NORM_KINDS:
+            raise ConfigError(f"model.norm={self.norm!r} is not a norm kind; use one of {', '.join(NORM_KINDS)}.")
+        for key in ("qk_norm", "post_norms", "parallel"):
+            if not isinstance(getattr(self, key), bool):
+                raise ConfigError(f"model.{key}={getattr(self, key)!r} must be true or false.")
+        if self.parallel and self.post_norms:
+            raise ConfigError("model.parallel=true with model.post_norms=true: a parallel block adds both sublayers "
+                              "at once and has no place for per-sublayer output norms; set one of them false.")
+        for key in ("embed_scale", "attn_scale", "logit_scale"):
+            value = getattr(self, key)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0):
+                raise ConfigError(f"model.{key}={value!r} must be a positive number or null (no scaling).")
         if self.attention not in KERNELS:
             raise ConfigError(f"model.attention={self.attention!r} is not a kernel; use one of {', '.join(KERNELS)}.")
         layer_specs(self.layout, {}, self.n_layer)  # the layout's shape; its schemes are checked when built
@@ -134,7 +155,9 @@ def _validate_length(length, method, schemes, active, train_len):
         acting.validate(length, scheme, train_len)
 
 
-MLP_KINDS = ("gelu", "swiglu")
+MLP_KINDS = ("gelu", "swiglu", "geglu")
+# The gate's activation of each gated kind (geglu: Gemma's tanh-approximated GELU).
+GATES = {"swiglu": F.silu, "geglu": lambda x: F.gelu(x, approximate="tanh")}
 
 
 class MLP(nn.Module):
@@ -143,13 +166,14 @@ class MLP(nn.Module):
         hidden = cfg.hidden_size
         # gate is created first so that the GELU model keeps its parameter
         # (and random-init) order when it has no gate.
-        self.gate = nn.Linear(cfg.d_model, hidden, bias=cfg.bias) if cfg.mlp == "swiglu" else None
+        self.act = GATES.get(cfg.mlp)
+        self.gate = nn.Linear(cfg.d_model, hidden, bias=cfg.bias) if self.act else None
         self.fc = nn.Linear(cfg.d_model, hidden, bias=cfg.bias)
         self.proj = nn.Linear(hidden, cfg.d_model, bias=cfg.bias)
         self.drop = nn.Dropout(cfg.dropout)
 
     def forward(self, x):
-        h = F.gelu(self.fc(x)) if self.gate is None else F.silu(self.gate(x)) * self.fc(x)
+        h = F.gelu(self.fc(x)) if self.gate is None else self.act(self.gate(x)) * self.fc(x)
         return self.drop(self.proj(h))
 
 
@@ -164,12 +188,22 @@ class Attention(nn.Module):
         self.qkv = nn.Linear(cfg.d_model, (cfg.n_head + 2 * self.n_kv_head) * self.head_dim, bias=qkv_bias)
         self.proj = nn.Linear(cfg.n_head * self.head_dim, cfg.d_model, bias=cfg.bias)
         self.drop = nn.Dropout(cfg.dropout)
+        self.q_norm = build_norm(cfg.norm, self.head_dim, cfg.norm_eps) if cfg.qk_norm else None
+        self.k_norm = build_norm(cfg.norm, self.head_dim, cfg.norm_eps) if cfg.qk_norm else None
+        # Every kernel divides q.k by sqrt(D); another softmax scale is folded into the queries.
+        self.q_factor = None if cfg.attn_scale is None else cfg.attn_scale * self.head_dim ** 0.5
 
     def split_qkv(self, x):
-        """x (B, T, C) -> q (B, H, T, D), k and v (B, Hkv, T, D), unrotated."""
+        """x (B, T, C) -> q (B, H, T, D), k and v (B, Hkv, T, D), unrotated,
+        as attention reads them (q/k normed and q scaled where the model says)."""
         B, T, _ = x.shape
         H, Hkv, D = self.n_head, self.n_kv_head, self.head_dim
-        return self.qkv(x).view(B, T, H + 2 * Hkv, D).transpose(1, 2).split((H, Hkv, Hkv), dim=1)
+        q, k, v = self.qkv(x).view(B, T, H + 2 * Hkv, D).transpose(1, 2).split((H, Hkv, Hkv), dim=1)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        if self.q_factor is not None:
+            q = q * self.q_factor
+        return q, k, v
 
     def forward(self, x, scheme, pos, plan, ctx, cache=None):
         B, T, _ = x.shape
@@ -184,14 +218,26 @@ class Attention(nn.Module):
 class Block(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int):
         super().__init__()
-        self.norm1 = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
+        self.norm1 = build_norm(cfg.norm, cfg.d_model, cfg.norm_eps)
         self.attn = Attention(cfg, layer)
-        self.norm2 = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
+        # A parallel block's MLP reads norm1's output too.
+        self.norm2 = None if cfg.parallel else build_norm(cfg.norm, cfg.d_model, cfg.norm_eps)
         self.mlp = MLP(cfg)
+        self.attn_post_norm = build_norm(cfg.norm, cfg.d_model, cfg.norm_eps) if cfg.post_norms else None
+        self.mlp_post_norm = build_norm(cfg.norm, cfg.d_model, cfg.norm_eps) if cfg.post_norms else None
 
     def forward(self, x, scheme, pos, plan, ctx, cache=None):
-        x = x + self.attn(self.norm1(x), scheme, pos, plan, ctx, cache)
-        return x + self.mlp(self.norm2(x))
+        h = self.norm1(x)
+        a = self.attn(h, scheme, pos, plan, ctx, cache)
+        if self.norm2 is None:
+            return x + a + self.mlp(h)
+        if self.attn_post_norm is not None:
+            a = self.attn_post_norm(a)
+        x = x + a
+        m = self.mlp(self.norm2(x))
+        if self.mlp_post_norm is not None:
+            m = self.mlp_post_norm(m)
+        return x + m
 
 
 class TransformerLM(nn.Module):
@@ -215,7 +261,7 @@ class TransformerLM(nn.Module):
         self.wte = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.drop = nn.Dropout(cfg.dropout)
         self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layer))
-        self.norm = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
+        self.norm = build_norm(cfg.norm, cfg.d_model, cfg.norm_eps)
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:
             self.lm_head.weight = self.wte.weight
@@ -271,6 +317,8 @@ class TransformerLM(nn.Module):
                cache: KVCache | None = None) -> torch.Tensor:
         """idx (B, T) -> final normed hidden states (B, T, d_model), what
         lm_head projects: for losses computed a chunk at a time (rope_lm.head).
+        A model.logit_scale multiplies them here, so every reader of the
+        logits (loss chunks, decoding) gets the scaled ones.
 
         With a cache (rope_lm.kv_cache), idx are the next T tokens after the
         ones it holds: they are read at the positions that follow, attend to
@@ -292,19 +340,25 @@ class TransformerLM(nn.Module):
         else:
             pos = self.scaling.map_positions(pos, self.pos_scheme, ctx)
             plan = self.scaling.attention_plan(pos, ctx)
-            x = self.drop(self.pos_scheme.embed(self.wte(idx), pos[start:], ctx))
+            x = self.drop(self.pos_scheme.embed(self.embed_tokens(idx), pos[start:], ctx))
             for block in self.blocks:
                 x = block(x, self.pos_scheme, pos, plan, ctx, cache)
         if cache is not None:
             cache.commit(T)
-        return self.norm(x)
+        x = self.norm(x)
+        return x if self.cfg.logit_scale is None else x * self.cfg.logit_scale
+
+    def embed_tokens(self, idx):
+        x = self.wte(idx)
+        # the scale rounded to the weights' dtype first, as Gemma's checkpoints were trained with it
+        return x if self.cfg.embed_scale is None else x * torch.tensor(self.cfg.embed_scale, dtype=x.dtype)
 
     def _layout_blocks(self, idx, pos, start, ctx, cache):
         """The blocks under a layout: each layer with its scheme, its window,
         and the method where it acts (positions and plans computed once per
         scheme and method)."""
         groups = {}
-        x = self.drop(self.wte(idx))
+        x = self.drop(self.embed_tokens(idx))
         for i, block in enumerate(self.blocks):
             scheme, spec = self._layer_schemes[i], self.layout[i]
             method = self.scaling if i in self.scaled_layers else self._plain
