@@ -246,16 +246,8 @@ class TransformerLM(nn.Module):
         cfg.validate()
         self.cfg = cfg
         self.layout = layer_specs(cfg.layout, pos, cfg.n_layer)
-        layer_schemes = _layer_schemes(self.layout, pos, cfg.dims())
-        # The first layer's scheme keeps the name `pos_scheme` (state-dict keys of
-        # models without a layout unchanged); a layout's other schemes follow.
-        self.pos_scheme = layer_schemes[0]
-        others = []
-        for scheme in layer_schemes:
-            if scheme is not self.pos_scheme and all(scheme is not o for o in others):
-                others.append(scheme)
-        self.layout_schemes = nn.ModuleList(others) if others else None
-        self._layer_schemes = layer_schemes  # a plain list: the modules are registered above
+        self._pos = pos
+        self._install_schemes(_layer_schemes(self.layout, pos, cfg.dims()))
         self._plain = build_scaling(None)
         self.set_scaling(scaling)
         self.wte = nn.Embedding(cfg.vocab_size, cfg.d_model)
@@ -271,6 +263,26 @@ class TransformerLM(nn.Module):
         for name, p in self.named_parameters():
             if name.endswith("proj.weight"):
                 nn.init.normal_(p, mean=0.0, std=0.02 / (2 * cfg.n_layer) ** 0.5)
+
+    def _install_schemes(self, layer_schemes):
+        # The first layer's scheme keeps the name `pos_scheme` (state-dict keys of
+        # models without a layout unchanged); a layout's other schemes follow.
+        self.pos_scheme = layer_schemes[0]
+        others = []
+        for scheme in layer_schemes:
+            if scheme is not self.pos_scheme and all(scheme is not o for o in others):
+                others.append(scheme)
+        self.layout_schemes = nn.ModuleList(others) if others else None
+        self._layer_schemes = layer_schemes  # a plain list: the modules are registered above
+
+    def rebuild_schemes(self, device="cpu"):
+        """Every layer's scheme built afresh on `device`: a model made on the
+        meta device gets its schemes' computed buffers (not in a checkpoint)
+        this way. Learned scheme parameters start anew, so call it before
+        loading weights."""
+        with torch.device(device):
+            self._install_schemes(_layer_schemes(self.layout, self._pos, self.cfg.dims()))
+        self.set_scaling(self.scaling)
 
     @staticmethod
     def _init_weights(module):

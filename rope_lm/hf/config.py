@@ -33,8 +33,6 @@ UNSUPPORTED = {
                         "GELU-gated MLP",
     "Gemma2ForCausalLM": "logit soft-capping, pre- and post-norms around each sublayer and alternating "
                          "sliding/global layers",
-    "Gemma3ForCausalLM": "q/k RMSNorm, pre- and post-norms and alternating sliding/global layers with two RoPE bases",
-    "Qwen3ForCausalLM": "RMSNorm on queries and keys (q_norm / k_norm)",
     "MixtralForCausalLM": "a mixture-of-experts MLP",
     "OlmoForCausalLM": "non-parametric LayerNorm",
     "GPT2LMHeadModel": "learned absolute positions, LayerNorm with bias and a GELU MLP on a fused Conv1D layout",
@@ -156,14 +154,19 @@ def settings_from_hf(config: dict, sliding_window: str = "auto") -> dict:
     """{'model', 'pos', 'scaling', 'train_len', 'vocab_size', 'family',
     'max_position_embeddings'} for a config.json dict, or ConfigError
     naming what does not map."""
+    from rope_lm.hf import families  # it builds on this module's RoPE mapping
+
     archs = config.get("architectures") or []
     arch = archs[0] if archs else None
+    if arch in families.FAMILIES:
+        _check_shape(config)
+        return families.settings(config, families.FAMILIES[arch])
     if arch not in FAMILIES:
-        why = UNSUPPORTED.get(arch)
+        why = UNSUPPORTED.get(arch) or families.REFUSED.get(arch)
         raise ConfigError(
             f"Architecture {arch!r} cannot be loaded into rope-lm"
             + (f": rope-lm's block has no {why}." if why else ".")
-            + f" Supported: {', '.join(FAMILIES)}."
+            + f" Supported: {', '.join([*FAMILIES, *families.FAMILIES])}."
         )
     family = FAMILIES[arch]
     if config.get("hidden_act", "silu") != "silu":

@@ -71,13 +71,12 @@ def build_empty(settings: dict, dtype: torch.dtype):
     given real storage once, in the target dtype. The positional scheme is
     rebuilt on the CPU since its buffers are computed, not loaded."""
     from rope_lm.model import build_model
-    from rope_lm.positional import build_scheme
 
     with torch.device("meta"):
         model = build_model(settings["model"], settings["pos"], settings["scaling"], settings["vocab_size"],
                             settings["train_len"])
     model = model.to(dtype).to_empty(device="cpu")
-    model.pos_scheme = build_scheme(settings["pos"], model.pos_scheme.dims)
+    model.rebuild_schemes()
     if model.cfg.tie_embeddings:  # to_empty gives each parameter its own storage
         model.lm_head.weight = model.wte.weight
     return model
@@ -153,7 +152,7 @@ def hf_lit(path_or_name: str, optim: dict | None = None, max_steps: int = 0, sca
     with torch.device("meta"):
         lit = LitLM(**hparams, optim=optim or {}, max_steps=max_steps, **lit_options)
     lit.model.load_state_dict(model.state_dict(), assign=True)
-    lit.model.pos_scheme = model.pos_scheme  # computed buffers, not in the state dict
+    lit.model.rebuild_schemes()  # computed buffers, not in the state dict
     if lit.model.cfg.tie_embeddings:  # assign gives the two names separate Parameter objects
         lit.model.lm_head.weight = lit.model.wte.weight
     lit.tokenizer_json = tokenizer_json

@@ -1,4 +1,4 @@
-"""Transformers' Llama tensor names <-> rope-lm parameters, and streaming
+"""Transformers' Llama-family tensor names <-> rope-lm parameters, and streaming
 safetensors I/O.
 
 rope-lm fuses q, k and v into one `qkv` projection (rows: q heads, k heads,
@@ -36,10 +36,20 @@ def layout(cfg) -> dict[str, tuple[str, slice | None]]:
     out = {"model.embed_tokens.weight": ("wte.weight", None), "model.norm.weight": ("norm.weight", None)}
     if not cfg.tie_embeddings:
         out["lm_head.weight"] = ("lm_head.weight", None)
+    # transformers' names of the norms after input_layernorm: with post norms (Gemma)
+    # post_attention_layernorm is the attention's output norm, not the MLP's input norm
+    if cfg.post_norms:
+        norms = {"post_attention_layernorm": "attn_post_norm", "pre_feedforward_layernorm": "norm2",
+                 "post_feedforward_layernorm": "mlp_post_norm"}
+    else:
+        norms = {} if cfg.parallel else {"post_attention_layernorm": "norm2"}
+    if cfg.qk_norm:
+        norms.update({"self_attn.q_norm": "attn.q_norm", "self_attn.k_norm": "attn.k_norm"})
     for i in range(cfg.n_layer):
         hf, ours = f"model.layers.{i}.", f"blocks.{i}."
         out[hf + "input_layernorm.weight"] = (ours + "norm1.weight", None)
-        out[hf + "post_attention_layernorm.weight"] = (ours + "norm2.weight", None)
+        for theirs, mine in norms.items():
+            out[hf + theirs + ".weight"] = (ours + mine + ".weight", None)
         for name, part in rows.items():
             out[hf + f"self_attn.{name}_proj.weight"] = (ours + "attn.qkv.weight", part)
             if qkv_bias:

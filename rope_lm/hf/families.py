@@ -1,0 +1,216 @@
+"""The 2025 families whose layers differ: config.json <-> rope-lm settings
+with a per-layer layout (model.layout, rope_lm/layout.py).
+
+Each family is one Family record: the model options every model of it has,
+where its config keeps the activation and epsilon, how it rotates, and which
+layers have no RoPE. Everything per layer is read from `layer_types`
+(full_attention / sliding_attention; derived as transformers derives it when
+the file predates the field), `sliding_window`, and the per-type RoPE
+parameters: layer i gets its scheme (rope with its type's base, or nope), its
+window, and the method where its type's rope_type asks for one.
+
+    SmolLM3    Llama's block; no_rope_layers[i] = 0 marks a NoPE layer
+    Qwen3      Llama's block with an RMSNorm over each head's q and k
+    Gemma 3    (1 + w) RMSNorms, q/k norms, norms before and after each
+               sublayer, tanh-GELU gate, embeddings times sqrt(hidden_size),
+               softmax scale query_pre_attn_scalar^-1/2; local layers
+               (sliding, their own base) and global ones
+    Cohere2    bias-free LayerNorm, one norm feeding attention and MLP in
+               parallel, interleaved RoPE on the sliding layers only, NoPE
+               global layers, logits times logit_scale
+"""
+
+from dataclasses import dataclass, field
+import math
+
+from rope_lm.errors import ConfigError
+from rope_lm.hf.config import rope_parameters, scaling_from_hf
+
+SLIDING, FULL = "sliding_attention", "full_attention"
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str
+    arch: str
+    model_type: str
+    model: dict  # options every model of the family has (norm, qk_norm, post_norms, parallel, mlp)
+    act: str = "silu"  # the MLP gate's activation, read from `act_key`
+    act_key: str = "hidden_act"
+    eps_key: str = "rms_norm_eps"
+    pairing: str = "half"
+    pattern_default: int | None = None  # layer i is full when (i + 1) % pattern == 0 (sliding_window_pattern)
+    nope: str | None = None  # which layers have no RoPE: 'no_rope_layers', 'full' (the global layers) or None
+    per_type_rope: bool = False  # rope parameters nested by layer type (global / local bases)
+    embed_scale: bool = False  # embeddings times sqrt(hidden_size)
+    attn_scalar_key: str | None = None  # softmax scale = config[key] ** -0.5
+    logit_scale_key: str | None = None
+    mlp_bias_key: str | None = None  # the config key of MLP biases, where the family has them
+    # config fields whose only mapped value is the one given (anything else is refused by name)
+    fixed: dict = field(default_factory=dict)
+
+
+LLAMA_BLOCK = {"norm": "rms", "qk_norm": False, "post_norms": False, "parallel": False, "mlp": "swiglu"}
+
+FAMILIES = {f.arch: f for f in (
+    Family("smollm3", "SmolLM3ForCausalLM", "smollm3", LLAMA_BLOCK, nope="no_rope_layers", mlp_bias_key="mlp_bias"),
+    Family("qwen3", "Qwen3ForCausalLM", "qwen3", {**LLAMA_BLOCK, "qk_norm": True}),
+    Family("gemma3", "Gemma3ForCausalLM", "gemma3_text",
+           {"norm": "rms_offset", "qk_norm": True, "post_norms": True, "parallel": False, "mlp": "geglu"},
+           act="gelu_pytorch_tanh", act_key="hidden_activation", pattern_default=6, per_type_rope=True,
+           embed_scale=True, attn_scalar_key="query_pre_attn_scalar",
+           fixed={"attn_logit_softcapping": None, "final_logit_softcapping": None,
+                  "use_bidirectional_attention": False}),
+    Family("cohere2", "Cohere2ForCausalLM", "cohere2",
+           {"norm": "layer", "qk_norm": False, "post_norms": False, "parallel": True, "mlp": "swiglu"},
+           eps_key="layer_norm_eps", pairing="interleaved", pattern_default=4, nope="full",
+           logit_scale_key="logit_scale"),
+)}
+
+# Architectures of the same generation that do not map, with the missing piece.
+REFUSED = {
+    "GptOssForCausalLM": "num_local_experts: every gpt-oss MLP is a mixture of experts (router + experts), and "
+                         "rope-lm's block has one dense MLP; its learned attention sinks (self_attn.sinks) would "
+                         "need the sink option as well",
+    "Llama4ForCausalLM": "attention_chunk_size (chunked attention: a query sees only the keys of its own chunk, "
+                         "not a sliding window), attn_temperature_tuning, use_qk_norm without weights and "
+                         "moe_layers (mixture-of-experts MLPs)",
+}
+
+
+def _layer_types(config: dict, family: Family, n: int) -> list[str]:
+    types = config.get("layer_types")
+    if types is None:
+        pattern = config.get("sliding_window_pattern", family.pattern_default)
+        if pattern is not None:
+            types = [SLIDING if (i + 1) % pattern else FULL for i in range(n)]
+        elif config.get("use_sliding_window") and config.get("sliding_window"):
+            raise ConfigError(f"config.json sets use_sliding_window without layer_types: which {family.arch} layers "
+                              f"slide depends on the transformers version that wrote it; save it again with "
+                              f"transformers >= 5 (which writes layer_types) to load it.")
+        else:
+            types = [FULL] * n
+    if len(types) != n or set(types) - {SLIDING, FULL}:
+        raise ConfigError(f"config.json has layer_types={types!r}: rope-lm maps {n} entries (num_hidden_layers) "
+                          f"of {FULL!r} or {SLIDING!r}.")
+    return list(types)
+
+
+def _type_rope(config: dict, family: Family) -> dict:
+    """{layer type: flat rope parameters}."""
+    params = config.get("rope_parameters") or {}
+    if params and all(isinstance(v, dict) for v in params.values()):
+        return {t: {**p, "rope_theta": float(p.get("rope_theta", 10000.0)), "rope_type": p.get("rope_type", "default")}
+                for t, p in params.items()}
+    flat = rope_parameters(config)
+    if family.per_type_rope:  # transformers 4.x Gemma 3: rope_theta (+ rope_scaling) global, rope_local_base_freq local
+        local = {"rope_type": "default", "rope_theta": float(config.get("rope_local_base_freq", 10000.0))}
+        return {FULL: flat, SLIDING: local}
+    return {FULL: flat, SLIDING: flat}
+
+
+def _no_rope(config: dict, family: Family, types: list[str]) -> list[bool]:
+    n = len(types)
+    if family.nope == "full":
+        return [t == FULL for t in types]
+    if family.nope == "no_rope_layers":
+        flags = config.get("no_rope_layers")
+        if flags is None:
+            interval = config.get("no_rope_layer_interval", 4)
+            flags = [int((i + 1) % interval != 0) for i in range(n)]
+        if len(flags) != n:
+            raise ConfigError(f"config.json has no_rope_layers of {len(flags)} entries for num_hidden_layers={n}.")
+        return [not f for f in flags]
+    return [False] * n
+
+
+def _method(type_params: dict, used: set[str], max_pos: int, config: dict) -> tuple[dict, int, set[str]]:
+    """(scaling, train_len, layer types it acts on): the one RoPE method of the
+    types in use, where several types ask for one they must ask for the same."""
+    methods = {t: scaling_from_hf(type_params[t], max_pos, config) for t in sorted(used)}
+    asked = {t: m for t, m in methods.items() if m[0]["name"] != "none"}
+    if not asked:
+        return {"name": "none"}, max_pos, set()
+    distinct = {repr(m) for m in asked.values()}
+    if len(distinct) > 1:
+        raise ConfigError(f"config.json's rope_parameters ask for different scalings per layer type "
+                          f"({', '.join(f'{t}: {m[0]}' for t, m in asked.items())}); rope-lm runs one method, on "
+                          f"the layers it fits.")
+    scaling, train_len = next(iter(asked.values()))
+    return scaling, train_len, set(asked)
+
+
+def _compact(entries: list) -> dict | None:
+    """{'pattern': the shortest repeating unit} where the layers repeat one,
+    else {'layers': entries}; None (no layout) where every layer is one
+    full-attention entry the method may act on."""
+    n = len(entries)
+    for p in range(1, n + 1):
+        if n % p == 0 and all(entries[i] == entries[i % p] for i in range(n)):
+            if p == 1 and entries[0]["window"] is None and "scaling" not in entries[0]:
+                return None
+            return {"pattern": entries[:p]} if p < n else {"layers": entries}
+    return {"layers": entries}
+
+
+def _refuse_fields(config: dict, family: Family):
+    for key, value in family.fixed.items():
+        if config.get(key, value) != value:
+            raise ConfigError(f"config.json has {key}={config[key]!r}; rope-lm maps {family.arch} with "
+                              f"{key}={value!r} only (no equivalent in its model).")
+    act = config.get(family.act_key, family.act)
+    if act != family.act:
+        raise ConfigError(f"config.json has {family.act_key}={act!r}; {family.arch}'s MLP maps with "
+                          f"{family.act_key}={family.act!r} only.")
+
+
+def settings(config: dict, family: Family) -> dict:
+    """settings_from_hf's answer for a family of FAMILIES."""
+    _refuse_fields(config, family)
+    n, H = config["num_hidden_layers"], config["num_attention_heads"]
+    attn_bias = bool(config.get("attention_bias"))
+    mlp_bias = bool(config.get(family.mlp_bias_key)) if family.mlp_bias_key else False
+    if attn_bias != mlp_bias:
+        raise ConfigError(f"config.json has attention_bias={attn_bias} with "
+                          + (f"{family.mlp_bias_key}={mlp_bias}" if family.mlp_bias_key else
+                             f"no MLP biases in {family.arch}")
+                          + ": rope-lm's `bias` covers the output projection and the MLP together.")
+    types = _layer_types(config, family, n)
+    type_params = _type_rope(config, family)
+    nope = _no_rope(config, family, types)
+    for t in set(types):
+        if t not in type_params:
+            raise ConfigError(f"config.json's rope_parameters has no entry for layer type {t!r}.")
+        partial = float(type_params[t].get("partial_rotary_factor", 1.0))
+        if partial != 1.0:
+            raise ConfigError(f"partial_rotary_factor={partial}: {family.arch} rotates whole heads.")
+    rope_types = {t for t, off in zip(types, nope) if not off}
+    max_pos = int(config["max_position_embeddings"])
+    scaling, train_len, scaled_types = _method(type_params, rope_types, max_pos, config)
+    window = config.get("sliding_window") if config.get("use_sliding_window", True) else None
+    if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
+        raise ConfigError(f"config.json has sliding_window={window!r}; it must be a positive number of keys.")
+    entries = []
+    for t, off in zip(types, nope):
+        pos = ({"name": "nope"} if off else
+               {"name": "rope", "base": type_params[t]["rope_theta"], "rotary_fraction": 1.0,
+                "pairing": family.pairing})
+        entry = {"pos": pos, "window": window if t == SLIDING else None}
+        if scaling["name"] != "none" and not off and t not in scaled_types:
+            entry["scaling"] = False
+        entries.append(entry)
+    first_rope = next((e["pos"] for e in entries if e["pos"]["name"] == "rope"), {"name": "nope"})
+    head_dim = config.get("head_dim") or config["hidden_size"] // H
+    model = {
+        "name": f"hf-{family.name}", "n_layer": n, "n_head": H, "n_kv_head": config.get("num_key_value_heads") or H,
+        "d_model": config["hidden_size"], "head_dim": head_dim, "mlp_hidden": config["intermediate_size"],
+        "norm_eps": float(config.get(family.eps_key, 1e-6)), "dropout": 0.0,
+        "tie_embeddings": bool(config.get("tie_word_embeddings", False)), "bias": attn_bias, "qkv_bias": attn_bias,
+        "attention": "auto", **family.model,
+        "embed_scale": config["hidden_size"] ** 0.5 if family.embed_scale else None,
+        "attn_scale": float(config[family.attn_scalar_key]) ** -0.5 if family.attn_scalar_key else None,
+        "logit_scale": float(config[family.logit_scale_key]) if family.logit_scale_key else None,
+        "layout": _compact(entries),
+    }
+    return {"model": model, "pos": dict(first_rope), "scaling": scaling, "train_len": train_len,
+            "vocab_size": config["vocab_size"], "family": family.name, "max_position_embeddings": max_pos}
