@@ -14,6 +14,7 @@ HF rope_type -> rope-lm method with the same fixed factor (docs/methods.md,
 dynamic_ntk, yarn -> yarn, llama3 -> llama3, longrope -> longrope.
 """
 
+import dataclasses
 import math
 
 import torch
@@ -248,7 +249,21 @@ def _rope_scaling_to_hf(method, L: int) -> tuple[dict, int]:
 
 def hf_config(model) -> dict:
     """config.json for a rope-lm TransformerLM, or ConfigError with the reason."""
+    from rope_lm.hf import families
+
+    family = families.exporting_family(model)
+    if family is not None:
+        return families.hf_config(model, family)
     cfg, scheme = model.cfg, model.pos_scheme
+    if model.layout is not None:
+        _refuse(f"a per-layer layout with model.norm={cfg.norm}, qk_norm={cfg.qk_norm}, post_norms={cfg.post_norms}, "
+                f"parallel={cfg.parallel}, mlp={cfg.mlp}: no transformers family has that block (mapped: "
+                f"{', '.join(f.arch for f in families.FAMILIES.values())}, and Llama / Qwen2 without a layout).")
+    defaults = {f.name: f.default for f in dataclasses.fields(cfg)}
+    for key in ("norm", "qk_norm", "post_norms", "parallel", "embed_scale", "attn_scale", "logit_scale"):
+        if getattr(cfg, key) != defaults[key]:
+            _refuse(f"model.{key}={getattr(cfg, key)} in a block no transformers family has (mapped: "
+                    f"{', '.join(f.arch for f in families.FAMILIES.values())}, Llama, Qwen2).")
     if scheme.name != "rope":
         _refuse(f"positional scheme {scheme.name!r}; transformers' Llama/Qwen2 use RoPE.")
     if scheme.pairing != "half":

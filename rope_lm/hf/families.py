@@ -24,7 +24,9 @@ from dataclasses import dataclass, field
 import math
 
 from rope_lm.errors import ConfigError
-from rope_lm.hf.config import rope_parameters, scaling_from_hf
+import torch
+
+from rope_lm.hf.config import _refuse, _rope_scaling_to_hf, rope_parameters, scaling_from_hf
 
 SLIDING, FULL = "sliding_attention", "full_attention"
 
@@ -46,6 +48,8 @@ class Family:
     attn_scalar_key: str | None = None  # softmax scale = config[key] ** -0.5
     logit_scale_key: str | None = None
     mlp_bias_key: str | None = None  # the config key of MLP biases, where the family has them
+    sliding_flag: bool = False  # config.json switches windows on with use_sliding_window
+    derived_head_dim: bool = False  # transformers takes head_dim as hidden_size / num_attention_heads
     # config fields whose only mapped value is the one given (anything else is refused by name)
     fixed: dict = field(default_factory=dict)
 
@@ -53,8 +57,9 @@ class Family:
 LLAMA_BLOCK = {"norm": "rms", "qk_norm": False, "post_norms": False, "parallel": False, "mlp": "swiglu"}
 
 FAMILIES = {f.arch: f for f in (
-    Family("smollm3", "SmolLM3ForCausalLM", "smollm3", LLAMA_BLOCK, nope="no_rope_layers", mlp_bias_key="mlp_bias"),
-    Family("qwen3", "Qwen3ForCausalLM", "qwen3", {**LLAMA_BLOCK, "qk_norm": True}),
+    Family("smollm3", "SmolLM3ForCausalLM", "smollm3", LLAMA_BLOCK, nope="no_rope_layers", mlp_bias_key="mlp_bias",
+           sliding_flag=True, derived_head_dim=True),
+    Family("qwen3", "Qwen3ForCausalLM", "qwen3", {**LLAMA_BLOCK, "qk_norm": True}, sliding_flag=True),
     Family("gemma3", "Gemma3ForCausalLM", "gemma3_text",
            {"norm": "rms_offset", "qk_norm": True, "post_norms": True, "parallel": False, "mlp": "geglu"},
            act="gelu_pytorch_tanh", act_key="hidden_activation", pattern_default=6, per_type_rope=True,
@@ -64,7 +69,7 @@ FAMILIES = {f.arch: f for f in (
     Family("cohere2", "Cohere2ForCausalLM", "cohere2",
            {"norm": "layer", "qk_norm": False, "post_norms": False, "parallel": True, "mlp": "swiglu"},
            eps_key="layer_norm_eps", pairing="interleaved", pattern_default=4, nope="full",
-           logit_scale_key="logit_scale"),
+           logit_scale_key="logit_scale", derived_head_dim=True),
 )}
 
 # Architectures of the same generation that do not map, with the missing piece.
@@ -214,3 +219,129 @@ def settings(config: dict, family: Family) -> dict:
     }
     return {"model": model, "pos": dict(first_rope), "scaling": scaling, "train_len": train_len,
             "vocab_size": config["vocab_size"], "family": family.name, "max_position_embeddings": max_pos}
+
+
+# --- export ------------------------------------------------------------------
+
+
+def exporting_family(model) -> Family | None:
+    """The family a rope-lm model is written as: the one whose block options
+    it has, Llama's block going to SmolLM3 only when it has a layout (without
+    one it is a Llama / Qwen2, rope_lm/hf/config.py)."""
+    options = {k: getattr(model.cfg, k) for k in LLAMA_BLOCK}
+    for family in FAMILIES.values():
+        if family.model == options and (options != LLAMA_BLOCK or model.layout is not None):
+            return family
+    return None
+
+
+def _layer_rope(model, family: Family) -> list[dict | None]:
+    """Each layer's RoPE as {'base'} or None for NoPE, refusing any other scheme."""
+    out = []
+    for i, scheme in enumerate(model._layer_schemes):
+        if scheme.name == "nope":
+            out.append(None)
+            continue
+        if scheme.name != "rope":
+            _refuse(f"layer {i} uses positional scheme {scheme.name!r}; {family.arch} layers use RoPE or NoPE.")
+        if scheme.pairing != family.pairing:
+            _refuse(f"layer {i} has pos.pairing={scheme.pairing}; {family.arch} rotates with pairing={family.pairing}.")
+        if scheme.rot_dim != model.cfg.head_size:
+            _refuse(f"layer {i} rotates {scheme.rot_dim} of {model.cfg.head_size} channels; {family.arch} rotates "
+                    f"whole heads.")
+        out.append({"base": scheme.base})
+    return out
+
+
+def _check_options(cfg, family: Family):
+    expected = {"embed_scale": cfg.d_model ** 0.5 if family.embed_scale else None,
+                "attn_scale": cfg.attn_scale if family.attn_scalar_key else None,
+                "logit_scale": cfg.logit_scale if family.logit_scale_key else None}
+    for key, value in expected.items():
+        if getattr(cfg, key) != value:
+            _refuse(f"model.{key}={getattr(cfg, key)}; {family.arch} has "
+                    + (f"{key}={value}." if value is not None else f"no {key}."))
+    qkv_bias = cfg.bias if cfg.qkv_bias is None else cfg.qkv_bias
+    if qkv_bias != cfg.bias or (cfg.bias and not family.mlp_bias_key):
+        _refuse(f"bias={cfg.bias} with qkv_bias={qkv_bias}: {family.arch}'s attention_bias covers q, k, v and the "
+                f"output projection" + (f", and {family.mlp_bias_key} the MLP." if family.mlp_bias_key else
+                                        " and its MLP has none; set both false."))
+    if family.derived_head_dim and cfg.head_size * cfg.n_head != cfg.d_model:
+        _refuse(f"model.head_dim={cfg.head_size}: {family.arch} derives head_dim as hidden_size / "
+                f"num_attention_heads = {cfg.d_model / cfg.n_head:g}.")
+
+
+def _attn_scalar(cfg, family: Family) -> int:
+    """The whole number s whose s^-1/2 is the model's softmax scale (transformers types it int)."""
+    if cfg.attn_scale is None:
+        return cfg.head_size
+    scalar = round(cfg.attn_scale ** -2)
+    if scalar < 1 or not math.isclose(scalar ** -0.5, cfg.attn_scale, rel_tol=1e-12):
+        _refuse(f"model.attn_scale={cfg.attn_scale} is not s^-1/2 for a whole number s; {family.arch} writes "
+                f"{family.attn_scalar_key}=s as an integer.")
+    return scalar
+
+
+def hf_config(model, family: Family) -> dict:
+    """config.json for a model of `family`, or ConfigError with the reason."""
+    cfg = model.cfg
+    _check_options(cfg, family)
+    n = cfg.n_layer
+    windows = [spec.window for spec in model.layout] if model.layout is not None else [None] * n
+    if len({w for w in windows if w is not None}) > 1:
+        _refuse(f"the layout's sliding windows differ ({sorted({w for w in windows if w})}); {family.arch} has one "
+                f"sliding_window.")
+    window = next((w for w in windows if w is not None), None)
+    types = [SLIDING if w else FULL for w in windows]
+    ropes = _layer_rope(model, family)
+    nope = [r is None for r in ropes]
+    if nope != _no_rope({}, family, types) and family.nope != "no_rope_layers":
+        rule = ("NoPE on exactly its global (full-attention) layers" if family.nope == "full" else "RoPE on every "
+                "layer")
+        _refuse(f"the layout has NoPE on layers {[i for i, x in enumerate(nope) if x]}; {family.arch} has {rule}.")
+    rope, max_pos = _rope_scaling_to_hf(model.scaling, cfg.train_len)
+    scaled = set(model.scaled_layers)
+    type_rope = {}
+    for t in sorted(set(types)):
+        layers = [i for i, (lt, r) in enumerate(zip(types, ropes)) if lt == t and r is not None]
+        bases = {ropes[i]["base"] for i in layers}
+        if len(bases) > 1:
+            _refuse(f"the {t} layers have RoPE bases {sorted(bases)}; {family.arch} has one base per layer type.")
+        if not layers:
+            continue  # a NoPE type reads no rope parameters
+        acted = {i in scaled for i in layers}
+        if len(acted) > 1:
+            _refuse(f"the method acts on some {t} layers and not on others; transformers applies a layer type's "
+                    f"rope_type to all of its layers.")
+        base = bases.pop()
+        type_rope[t] = {**rope, "rope_theta": base} if True in acted else {"rope_type": "default", "rope_theta": base}
+    eps = cfg.norm_eps if cfg.norm_eps is not None else torch.finfo(torch.float32).eps
+    out = {
+        "architectures": [family.arch], "model_type": family.model_type, "vocab_size": cfg.vocab_size,
+        "hidden_size": cfg.d_model, "intermediate_size": cfg.hidden_size, "num_hidden_layers": n,
+        "num_attention_heads": cfg.n_head, "num_key_value_heads": cfg.kv_heads, "head_dim": cfg.head_size,
+        family.act_key: family.act, "max_position_embeddings": max_pos, family.eps_key: eps,
+        "tie_word_embeddings": cfg.tie_embeddings, "attention_bias": cfg.bias, "attention_dropout": 0.0,
+        "layer_types": types, "sliding_window": window,
+        # rope-lm keeps no special-token ids; the families' defaults name tokens of their own vocabularies
+        "pad_token_id": None, "bos_token_id": None, "eos_token_id": None,
+        "dtype": str(model.wte.weight.dtype).removeprefix("torch."),
+    }
+    if family.per_type_rope:
+        out["rope_parameters"] = type_rope
+    else:
+        if len({repr(v) for v in type_rope.values()}) > 1:
+            _refuse(f"the layer types' RoPE differ ({type_rope}); {family.arch} has one RoPE for every layer.")
+        out["rope_parameters"] = next(iter(type_rope.values()), {"rope_type": "default", "rope_theta": 10000.0})
+    if family.sliding_flag:
+        out["use_sliding_window"] = window is not None
+    if family.mlp_bias_key:
+        out[family.mlp_bias_key] = cfg.bias
+    if family.nope == "no_rope_layers":
+        out["no_rope_layers"] = [int(not x) for x in nope]
+    if family.attn_scalar_key:
+        out[family.attn_scalar_key] = _attn_scalar(cfg, family)
+    if family.logit_scale_key:
+        out[family.logit_scale_key] = 1.0 if cfg.logit_scale is None else cfg.logit_scale
+    out.update(family.fixed)
+    return out
