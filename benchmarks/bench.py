@@ -11,6 +11,8 @@ from omegaconf import OmegaConf
 from rope_lm.cli import group_config, group_options, hydra_task
 from rope_lm.errors import ConfigError
 
+CONF = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "conf")
+
 
 def _preset(group: str, name: str, required: bool) -> dict:
     """A conf/<group> option or a YAML file; a name with neither is a scheme
@@ -22,6 +24,23 @@ def _preset(group: str, name: str, required: bool) -> dict:
     if required or name in group_options(group):
         return group_config(group, name)
     return {"name": name}
+
+
+def _layouts(names: list[str], schemes: dict[str, dict]) -> dict[str, dict]:
+    """Per conf/layout preset (or YAML file), a row `<rope scheme>+<layout>`:
+    the run's first RoPE settings with that model.layout, timed beside them."""
+    rope = next((cfg for cfg in schemes.values() if cfg.get("name") == "rope"), None)
+    if names and rope is None:
+        raise ConfigError(f"layouts={names} are timed against a RoPE row; add rope to schemes.")
+    rows = {}
+    for name in names:
+        path = name if name.endswith((".yaml", ".yml")) else os.path.join(CONF, "layout", f"{name}.yaml")
+        if not os.path.isfile(path):
+            raise ConfigError(f"layouts: {name!r} is neither a conf/layout preset "
+                              f"({', '.join(sorted(f[:-5] for f in os.listdir(os.path.join(CONF, 'layout'))))}) "
+                              f"nor a YAML file.")
+        rows[f"rope+{_label(name)}"] = {**rope, "layout": OmegaConf.to_container(OmegaConf.load(path), resolve=True)}
+    return rows
 
 
 def _label(name: str) -> str:
@@ -40,9 +59,11 @@ def main(cfg):
     train = OmegaConf.to_container(hydra.compose(config_name="config"), resolve=True)
     data = train["data"]
     device = ("cuda" if torch.cuda.is_available() else "cpu") if a["device"] == "auto" else a["device"]
+    schemes = {_label(n): _preset("pos", n, False) for n in a["schemes"]}
+    schemes.update(_layouts(list(a["layouts"]), schemes))
     settings = BenchSettings(
         models={_label(n): _preset("model", n, True) for n in a["models"]},
-        schemes={_label(n): _preset("pos", n, False) for n in a["schemes"]},
+        schemes=schemes,
         optim=train["optim"], trainer=train["trainer"],
         vocab_size=a["vocab_size"] or data["vocab_size"], seq_len=a["seq_len"] or data["seq_len"],
         batch_size=a["batch_size"] or data["batch_size"], warmup=a["warmup"], steps=a["steps"], repeats=a["repeats"],

@@ -36,7 +36,7 @@ def ratios_and_targets(s, rows: list[dict]) -> tuple[list[dict], list[dict]]:
     rows of a run with settings `s` (throughput.BenchSettings)."""
     train = [r for r in rows if r["phase"] == "train"]
     ratios, targets = [], []
-    rope = [lab for lab, cfg in s.schemes.items() if cfg.get("name") == "rope"]
+    rope = [lab for lab, cfg in s.schemes.items() if cfg.get("name") == "rope" and "layout" not in cfg]
     rope = rope[0] if rope else None
 
     def ratio(name, model, a, b, threshold=None, note="", show=True):
@@ -86,6 +86,20 @@ def ratios_and_targets(s, rows: list[dict]) -> tuple[list[dict], list[dict]]:
         b = _find(ev, model=r["model"], scheme=r["scheme"], seq_len=r["seq_len"], peer=base) if base else None
         if b is not None:
             r["ratio"], r["ratio_vs"] = r["tokens_per_s"] / b["tokens_per_s"], f"{b['scheme']}/{b['peer']}"
+    # Evaluation against RoPE at the same length: a layout should cost little over the
+    # plain model (>= 0.8), a bias scheme at most half of it (>= 0.5), at the longest length.
+    for r in ev:
+        if rope and r["peer"] == "ours" and r["scheme"] != rope:
+            b = _find(ev, model=r["model"], scheme=rope, seq_len=r["seq_len"], peer="ours")
+            if b is not None:
+                r["ratio"], r["ratio_vs"] = r["tokens_per_s"] / b["tokens_per_s"], f"{rope}/ours"
+    longest = max((r["seq_len"] for r in ev), default=None)
+    for r in ev:
+        if r.get("ratio_vs") == f"{rope}/ours" and r["seq_len"] == longest:
+            threshold = 0.8 if "layout" in s.schemes[r["scheme"]] else 0.5
+            targets.append({"target": f"eval {r['scheme']}/{rope} at {longest} >= {threshold}", "model": r["model"],
+                            "value": round(r["ratio"], 3), "holds": r["ratio"] >= threshold,
+                            "note": "one pass each, same run"})
     for model in s.models:
         for scheme in s.schemes:
             pts = sorted((r["seq_len"], r["mem_growth_mb"]) for r in ev

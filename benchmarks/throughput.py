@@ -102,7 +102,7 @@ def _train_peers(s: BenchSettings, pos_cfg: dict) -> list[str]:
     scheme/rope; Lightning's per-step overhead does not depend on the scheme
     (it is measured on rope), and each peer process holds ~1 GB, so a full
     sweep of schemes x peers would not fit a small machine."""
-    rope = pos_cfg.get("name") == "rope"
+    rope = pos_cfg.get("name") == "rope" and "layout" not in pos_cfg
     peers = []
     if rope and "hf" in s.peers:
         peers += ["hf"] + (["hf+keepmem"] if s.device == "cpu" and "hf+keepmem" in s.peers else [])
@@ -115,7 +115,11 @@ def _train_peers(s: BenchSettings, pos_cfg: dict) -> list[str]:
 
 
 def _spec(s: BenchSettings, model_label: str, scheme_label: str, peer: str) -> dict:
-    return {"peer": peer, "model_cfg": s.models[model_label], "pos_cfg": s.schemes[scheme_label], "device": s.device,
+    # A layout row (bench.py's `layouts`) carries its model.layout beside the scheme's settings.
+    pos_cfg = dict(s.schemes[scheme_label])
+    layout = pos_cfg.pop("layout", None)
+    model_cfg = {**s.models[model_label], "layout": layout} if layout else s.models[model_label]
+    return {"peer": peer, "model_cfg": model_cfg, "pos_cfg": pos_cfg, "device": s.device,
             "threads": s.threads, "deterministic": s.deterministic, "imports": s.imports, "seed": s.seed,
             "vocab": s.vocab_size, "seq_len": s.seq_len, "batch": s.batch_size, "hf_mlp": s.hf_mlp,
             "optim": s.optim, "trainer": s.trainer, "n_batches": max(s.warmup, s.steps) + 1,
@@ -186,7 +190,8 @@ def run_evaluation(s: BenchSettings, log, on_row=None) -> list[dict]:
     rows = []
     for model_label, model_cfg in s.models.items():
         for scheme_label, pos_cfg in s.schemes.items():
-            peers = ["ours"] + (["hf"] if "hf" in s.peers and pos_cfg.get("name") == "rope" else [])
+            plain_rope = pos_cfg.get("name") == "rope" and "layout" not in pos_cfg
+            peers = ["ours"] + (["hf"] if "hf" in s.peers and plain_rope else [])
             peers += ["ours+compile"] if s.compile else []
             for L in s.eval_lengths:
                 for peer in peers:

@@ -309,7 +309,7 @@ def checkpoint_rope_frequencies(model, length: int) -> tuple[torch.Tensor, float
         raise ConfigError(f"The checkpoint's scheme {scheme.name!r} is not RoPE-like (family {scheme.family!r}); "
                           f"the decay curve is defined for rotary schemes. Leave out the checkpoint to plot bases and head dims.")
     spec = scheme.rotary
-    inv_freq, factor = model.scaling.rope_frequencies(spec.rot_dim, spec.base, model.context(length))
+    inv_freq, factor = scheme.frequencies(model.context(length))
     label = getattr(model.scaling, "label", model.scaling.name)
     return inv_freq.to(torch.float64), float(factor), f"checkpoint: d={spec.rot_dim}, base {spec.base:g}, {label} at {length}"
 

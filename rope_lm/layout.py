@@ -4,7 +4,9 @@ drops RoPE in every fourth layer, Gemma 3 alternates local and global layers
 with different bases, Command A runs three sliding RoPE layers then one
 global NoPE layer).
 
-Written compactly as a pattern repeated over the layers, or in full:
+Written compactly as a pattern repeated over the layers (and cut where the
+layers end, as Gemma 3 1B repeats its 6-layer rhythm over 26 layers), or in
+full:
 
     model.layout: {pattern: [rope, rope, rope, nope]}                  # every 4th layer NoPE
     model.layout: {pattern: [{window: 64}, {window: 64}, {pos: {name: nope}}]}
@@ -85,9 +87,6 @@ def layer_specs(layout: dict | None, pos: dict, n_layer: int) -> list[LayerSpec]
     if key == "layers" and len(entries) != n_layer:
         raise ConfigError(f"model.layout.layers has {len(entries)} entries for model.n_layer={n_layer} layers; give "
                           f"one per layer, or a `pattern` to repeat.")
-    if key == "pattern" and n_layer % len(entries):
-        raise ConfigError(f"model.layout.pattern has {len(entries)} entries, which do not tile model.n_layer="
-                          f"{n_layer} layers; use a pattern whose length divides {n_layer}, or `layers`.")
     specs = [_entry(e, pos, f"model.layout.{key}[{i}]") for i, e in enumerate(entries)]
     return [specs[i % len(specs)] for i in range(n_layer)]
 

@@ -14,6 +14,7 @@ from conftest import ROOT, cli_overrides
 from rope_lm.attention import AttnPlan
 from rope_lm.errors import ConfigError
 from rope_lm.kv_cache import KVCache
+from rope_lm.layout import layer_specs
 from rope_lm.model import ModelConfig, TransformerLM, check_fit
 from rope_lm.positional import SCHEMES, PosContext, build_scheme
 from rope_lm.scaling import build_scaling
@@ -131,8 +132,14 @@ def test_sliding_window_layers_equal_the_explicit_kernel(pos):
         torch.testing.assert_close(fast(idx), explicit(idx), atol=2e-5, rtol=1e-4)
 
 
+def test_a_pattern_repeats_and_is_cut_where_the_layers_end():
+    """Gemma 3 1B: a 6-layer rhythm over 26 layers ends on two local layers."""
+    specs = layer_specs({"pattern": [{"window": 8}] * 5 + [None]}, {"name": "rope"}, 26)
+    assert [i for i, s in enumerate(specs) if s.window is None] == [5, 11, 17, 23]
+    assert len(specs) == 26 and specs[24].window == specs[25].window == 8
+
+
 @pytest.mark.parametrize("layout,message", [
-    ({"pattern": ["rope", "rope", "nope"]}, "do not tile model.n_layer=4"),
     ({"layers": ["rope", "nope"]}, "2 entries for model.n_layer=4"),
     ({"pattern": ["rope"], "layers": ["rope"] * 4}, "sets both"),
     ({"pattern": [{"window": 0}]}, r"window=0 must be a positive number"),

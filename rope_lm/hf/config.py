@@ -270,6 +270,8 @@ def hf_config(model) -> dict:
         _refuse("pos.pairing=interleaved; transformers' Llama rotates halves (pos.pairing=half).")
     if scheme.rot_dim != cfg.head_size:
         _refuse(f"pos.rotary_fraction rotates {scheme.rot_dim} of {cfg.head_size} channels; Llama rotates all.")
+    if scheme.p_rope != 1.0:
+        _refuse(f"pos.p_rope={scheme.p_rope} zeroes RoPE's lowest frequencies; transformers' Llama rotates all of them.")
     if cfg.mlp != "swiglu":
         _refuse(f"model.mlp={cfg.mlp}; transformers' Llama has a SwiGLU MLP (model.mlp=swiglu).")
     qkv_bias = cfg.bias if cfg.qkv_bias is None else cfg.qkv_bias

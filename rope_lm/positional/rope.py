@@ -3,6 +3,19 @@
 Pairs of query/key channels are rotated by angle pos * theta_i, so the score
 q_m . k_n depends on positions only through m - n. The inverse frequencies
 come from the active scaling method, which is where NTK, YaRN, PI, ... act.
+
+Two ways to rotate less than everything, which are different models:
+
+* ``rotary_fraction`` (GPT-NeoX's partial rotary): only the first
+  round(head_dim * f) channels rotate, and the frequency ladder is laid over
+  those channels alone, base^(-2i / (head_dim * f)), so it still spans 1 down
+  to 1/base.
+* ``p_rope`` (Barbero et al. 2024, "Round and Round We Go! What makes Rotary
+  Positional Encodings useful?"): the ladder of the rotated channels is kept
+  as it is and only its highest round(p * pairs) frequencies rotate; the
+  lowest ones are set to zero, so their channels carry content without
+  position. The paper's argument: the lowest frequencies barely turn within
+  the training length, act as semantic channels, and are what breaks past it.
 """
 
 import torch
@@ -39,7 +52,8 @@ def rotate(x: torch.Tensor, pos: torch.Tensor, inv_freq: torch.Tensor, pairing: 
 class RoPE(PositionalScheme):
     family = "rotary"
 
-    def __init__(self, dims, base: float = 10000.0, rotary_fraction: float = 1.0, pairing: str = "half"):
+    def __init__(self, dims, base: float = 10000.0, rotary_fraction: float = 1.0, pairing: str = "half",
+                 p_rope: float = 1.0):
         super().__init__(dims)
         if pairing not in PAIRINGS:
             raise ConfigError(f"pos.pairing={pairing!r} is not a RoPE pairing; use one of {', '.join(PAIRINGS)}.")
@@ -54,15 +68,26 @@ class RoPE(PositionalScheme):
             )
         if base <= 1:
             raise ConfigError(f"pos.base={base} must be greater than 1.")
+        if not 0.0 < p_rope <= 1.0:
+            raise ConfigError(f"pos.p_rope={p_rope} must be in (0, 1]: the share of RoPE's frequencies that rotate, "
+                              f"highest first (1: all of them; for none use pos=nope).")
         self.base = float(base)
         self.rot_dim = rot_dim
+        self.p_rope = float(p_rope)
+        # Frequency pairs that keep their rotation; at least the highest one.
+        self.kept_pairs = max(1, round(p_rope * rot_dim / 2))
         self.pairing = pairing
         self.rotary = RotarySpec(rot_dim, self.base, pairing)
 
     def frequencies(self, ctx):
-        key = ("rope_freq", self.rot_dim, self.base)
+        key = ("rope_freq", self.rot_dim, self.base, self.kept_pairs)
         if key not in ctx.cache:
-            ctx.cache[key] = ctx.scaling.rope_frequencies(self.rot_dim, self.base, ctx)
+            inv_freq, factor = ctx.scaling.rope_frequencies(self.rot_dim, self.base, ctx)
+            dropped = inv_freq.numel() - self.kept_pairs
+            if dropped > 0:
+                # p-RoPE: pair i's base frequency is base^(-2i/d), so the last pairs are the lowest.
+                inv_freq = torch.cat((inv_freq[: self.kept_pairs], inv_freq.new_zeros(dropped)))
+            ctx.cache[key] = (inv_freq, factor)
         return ctx.cache[key]
 
     def rotate(self, q, k, q_pos, k_pos, layer, ctx):
