@@ -111,6 +111,15 @@ def test_gemma3_local_and_global_layers_keep_their_own_bases(tmp_path):
     assert ours.cfg.embed_scale == 64 ** 0.5 and ours.cfg.attn_scale == 24 ** -0.5
 
 
+def test_a_rhythm_that_does_not_divide_the_layers_is_a_cut_pattern(tmp_path):
+    """Gemma 3 1B repeats 5 local + 1 global over 26 layers; here 1 + 1 over 5."""
+    directory, theirs = save_family(tmp_path, "gemma3", num_hidden_layers=5, layer_types=GEMMA_TYPES + [SLIDING])
+    ours, _, info = load_hf(directory)
+    assert len(info.settings["model"]["layout"]["pattern"]) == 2
+    assert layers_of(ours) == EXPECTED_LAYERS["gemma3"] + [("rope", 8)]
+    assert_parity(ours, theirs, (40,), "gemma3, 5 layers")
+
+
 YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16, "rope_theta": 10000.0}
 
 
@@ -244,6 +253,7 @@ def test_rope_lm_models_export_to_the_family_that_expresses_them(tmp_path, layou
 @pytest.mark.parametrize("layout,model,message", [
     ({"pattern": ["rope", "alibi"]}, {}, r"layer 1 uses positional scheme 'alibi'"),
     ({"pattern": [{"window": 4}, {"window": 8}]}, {}, r"sliding windows differ \(\[4, 8\]\)"),
+    ({"pattern": ["rope", {"pos": {"p_rope": 0.5}}, "rope", "nope"]}, {}, r"layer 1 rotates .* p_rope=0.5"),
     ({"pattern": [{"window": 4, "pos": {"pairing": "interleaved"}}, {"pos": {"pairing": "interleaved"}}]},
      {"norm": "layer", "parallel": True}, r"NoPE on exactly its global"),
     ({"pattern": ["rope", "nope"]}, {"qk_norm": True}, r"NoPE on layers \[1, 3\].*RoPE on every layer"),

@@ -146,16 +146,14 @@ def _method(type_params: dict, used: set[str], max_pos: int, config: dict) -> tu
 
 
 def _compact(entries: list) -> dict | None:
-    """{'pattern': the shortest repeating unit} where the layers repeat one,
-    else {'layers': entries}; None (no layout) where every layer is one
-    full-attention entry the method may act on."""
+    """{'pattern': the shortest unit the layers repeat (cut where they end, as
+    Gemma 3 1B's 6 over 26)}, else {'layers': entries}; None (no layout) where
+    every layer is one full-attention entry the method may act on."""
     n = len(entries)
-    for p in range(1, n + 1):
-        if n % p == 0 and all(entries[i] == entries[i % p] for i in range(n)):
-            if p == 1 and entries[0]["window"] is None and "scaling" not in entries[0]:
-                return None
-            return {"pattern": entries[:p]} if p < n else {"layers": entries}
-    return {"layers": entries}
+    p = next(p for p in range(1, n + 1) if all(entries[i] == entries[i % p] for i in range(n)))
+    if p == 1 and entries[0]["window"] is None and "scaling" not in entries[0]:
+        return None
+    return {"pattern": entries[:p]} if p < n else {"layers": entries}
 
 
 def _refuse_fields(config: dict, family: Family):
@@ -246,9 +244,9 @@ def _layer_rope(model, family: Family) -> list[dict | None]:
             _refuse(f"layer {i} uses positional scheme {scheme.name!r}; {family.arch} layers use RoPE or NoPE.")
         if scheme.pairing != family.pairing:
             _refuse(f"layer {i} has pos.pairing={scheme.pairing}; {family.arch} rotates with pairing={family.pairing}.")
-        if scheme.rot_dim != model.cfg.head_size:
-            _refuse(f"layer {i} rotates {scheme.rot_dim} of {model.cfg.head_size} channels; {family.arch} rotates "
-                    f"whole heads.")
+        if scheme.rot_dim != model.cfg.head_size or scheme.p_rope != 1.0:
+            _refuse(f"layer {i} rotates {scheme.rot_dim} of {model.cfg.head_size} channels with p_rope="
+                    f"{scheme.p_rope}; {family.arch} rotates whole heads at every frequency.")
         out.append({"base": scheme.base})
     return out
 
