@@ -159,6 +159,23 @@ def test_hf_lit_builds_every_layer_scheme(tmp_path):
     assert_parity(lit.model, theirs, (40,), "gemma3 via hf_lit")
 
 
+@pytest.mark.parametrize("case", ["gemma3", "cohere2", "smollm3-sliding"])
+def test_cached_decoding_equals_one_forward(tmp_path, case):
+    """The new options sit in the projections and the block, so the KV cache
+    reads them as the full forward does: prefill then one token at a time."""
+    from rope_lm.kv_cache import KVCache
+
+    directory, _ = save_family(tmp_path, case)
+    ours, _, _ = load_hf(directory)
+    idx = tokens(20)
+    with torch.no_grad():
+        full = ours(idx)
+        cache = KVCache(planned_len=20)
+        pieces = [ours(idx[:, :12], cache=cache)] + [ours(idx[:, t:t + 1], cache=cache) for t in range(12, 20)]
+    diff = (torch.cat(pieces, dim=1) - full).abs().max() / full.abs().max()
+    assert diff < RTOL, f"{case}: cached decoding differs by {diff:.2e} of the largest logit"
+
+
 @pytest.mark.parametrize("case,changes,message", [
     ("qwen3", {"architectures": ["GptOssForCausalLM"]}, r"GptOssForCausalLM.*num_local_experts.*mixture of experts"),
     ("qwen3", {"architectures": ["Llama4ForCausalLM"]}, r"Llama4ForCausalLM.*attention_chunk_size"),
