@@ -13,7 +13,8 @@ import torch
 
 pytest.importorskip("transformers")
 from transformers import (AutoModelForCausalLM, Cohere2Config, Cohere2ForCausalLM, Gemma3ForCausalLM,  # noqa: E402
-                          Gemma3TextConfig, Qwen3Config, Qwen3ForCausalLM, SmolLM3Config, SmolLM3ForCausalLM)
+                          Gemma3TextConfig, Llama4ForCausalLM, Llama4TextConfig, Qwen3Config, Qwen3ForCausalLM,
+                          SmolLM3Config, SmolLM3ForCausalLM)
 from transformers.utils import logging as hf_logging  # noqa: E402
 
 from rope_lm.errors import ConfigError  # noqa: E402
@@ -45,9 +46,11 @@ FAMILIES = {
                {"sliding_window": 8, "layer_types": GEMMA_TYPES, "query_pre_attn_scalar": 24,
                 "rope_parameters": GEMMA_ROPE}),
     "cohere2": (Cohere2Config, Cohere2ForCausalLM, {"sliding_window": 8, "logit_scale": 0.5}),
+    # Llama 4's dense form: no experts, no chunked attention, no L2 q/k norm, no temperature tuning
+    "llama4": (Llama4TextConfig, Llama4ForCausalLM, {"intermediate_size_mlp": 96, "moe_layers": [],
+                                                      "attention_chunk_size": None, "use_qk_norm": False,
+                                                      "attn_temperature_tuning": False}),
 }
-ARCH = {"qwen3": "Qwen3ForCausalLM", "smollm3": "SmolLM3ForCausalLM", "gemma3": "Gemma3ForCausalLM",
-        "cohere2": "Cohere2ForCausalLM"}
 # what each becomes, layer by layer: (scheme, window)
 EXPECTED_LAYERS = {
     "qwen3": [("rope", None)] * 4,
@@ -56,6 +59,7 @@ EXPECTED_LAYERS = {
     "smollm3-sliding": [("rope", None)] * 3 + [("nope", 8)],
     "gemma3": [("rope", 8), ("rope", None)] * 2,
     "cohere2": [("rope", 8)] * 3 + [("nope", None)],
+    "llama4": [("rope", None)] * 3 + [("nope", None)],
 }
 
 
@@ -127,6 +131,7 @@ YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 
     ("qwen3", {"rope_parameters": YARN}, [0, 1, 2, 3]),
     ("smollm3", {"rope_parameters": YARN}, [0, 2]),  # the NoPE layers take no method (transformers: no rotation)
     ("cohere2", {"rope_parameters": YARN}, [0, 1, 2]),
+    ("llama4", {"rope_parameters": YARN}, [0, 1, 2]),
     # Gemma 3 scales its global layers only (its 27B config: linear factor 8 on full_attention)
     ("gemma3", {"rope_parameters": {SLIDING: GEMMA_ROPE[SLIDING], FULL: {**YARN, "rope_theta": 1e6}}}, [1, 3]),
 ])
@@ -178,7 +183,6 @@ def test_cached_decoding_equals_one_forward(tmp_path, case):
 
 @pytest.mark.parametrize("case,changes,message", [
     ("qwen3", {"architectures": ["GptOssForCausalLM"]}, r"GptOssForCausalLM.*num_local_experts.*mixture of experts"),
-    ("qwen3", {"architectures": ["Llama4ForCausalLM"]}, r"Llama4ForCausalLM.*attention_chunk_size"),
     ("qwen3", {"attention_bias": True}, r"attention_bias=True with no MLP biases in Qwen3ForCausalLM"),
     ("smollm3", {"attention_bias": True, "mlp_bias": False}, r"attention_bias=True with mlp_bias=False"),
     ("gemma3", {"attn_logit_softcapping": 50.0}, r"attn_logit_softcapping=50.0"),
@@ -192,11 +196,26 @@ def test_cached_decoding_equals_one_forward(tmp_path, case):
     ("qwen3", {"rope_parameters": {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5}},
      r"partial_rotary_factor=0.5"),
     ("smollm3", {"no_rope_layers": [1, 0]}, r"no_rope_layers of 2 entries for num_hidden_layers=4"),
+    ("llama4", {"moe_layers": [1, 3]}, r"moe_layers=\[1, 3\]: mixture-of-experts MLPs"),
+    ("llama4", {"attention_chunk_size": 8}, r"attention_chunk_size=8: chunked attention"),
+    ("llama4", {"use_qk_norm": True}, r"use_qk_norm=True: an L2 norm of q and k"),
+    ("llama4", {"attn_temperature_tuning": True}, r"attn_temperature_tuning=True: position-dependent query"),
 ])
 def test_what_does_not_map_is_refused_naming_the_field(tmp_path, case, changes, message):
     directory, _ = save_family(tmp_path, case)
     edit_config(directory, **changes)
     with pytest.raises(ConfigError, match=message):
+        load_hf(directory)
+
+
+def test_a_llama4_config_without_moe_layers_is_refused_by_its_default(tmp_path):
+    """transformers reads a missing moe_layers as every layer a mixture of experts."""
+    directory, _ = save_family(tmp_path, "llama4")
+    path = os.path.join(directory, "config.json")
+    config = json.load(open(path))
+    del config["moe_layers"]
+    json.dump(config, open(path, "w"))
+    with pytest.raises(ConfigError, match=r"moe_layers=None \(its default\): mixture-of-experts"):
         load_hf(directory)
 
 
@@ -220,7 +239,9 @@ def test_import_export_round_trip(tmp_path, case):
         assert torch.equal(before[name], after[name]), name
     original = json.load(open(os.path.join(directory, "config.json")))
     config = json.load(open(tmp_path / "again" / "config.json"))
-    for key in ("architectures", "model_type", "hidden_size", "intermediate_size", "num_key_value_heads", "head_dim",
+    # Llama 4's intermediate_size is its experts' width, which a dense model does not have
+    width = "intermediate_size_mlp" if case == "llama4" else "intermediate_size"
+    for key in ("architectures", "model_type", "hidden_size", width, "num_key_value_heads", "head_dim",
                 "max_position_embeddings", "tie_word_embeddings", "layer_types", "sliding_window", "no_rope_layers",
                 "query_pre_attn_scalar", "logit_scale", "rms_norm_eps", "layer_norm_eps"):
         assert config.get(key) == original.get(key), key
@@ -258,6 +279,8 @@ def scratch_model(layout, scaling=None, **model):
       "attn_scale": 20 ** -0.5, "tie_embeddings": True}, "Gemma3ForCausalLM"),
     ({"pattern": [{"window": 6, "pos": {"pairing": "interleaved"}}, "nope"]},
      {"norm": "layer", "parallel": True, "logit_scale": 0.25}, "Cohere2ForCausalLM"),
+    # Llama's block, interleaved pairs, every 4th layer NoPE and no windows: Llama 4's dense form
+    ({"pattern": [{"pos": {"pairing": "interleaved"}}] * 3 + ["nope"]}, {}, "Llama4ForCausalLM"),
 ])
 def test_rope_lm_models_export_to_the_family_that_expresses_them(tmp_path, layout, model, arch):
     ours = scratch_model(layout, {"name": "yarn", "factor": 4.0}, **model)
@@ -269,6 +292,8 @@ def test_rope_lm_models_export_to_the_family_that_expresses_them(tmp_path, layou
 
 @pytest.mark.parametrize("layout,model,message", [
     ({"pattern": ["rope", "alibi"]}, {}, r"layer 1 uses positional scheme 'alibi'"),
+    ({"pattern": [{"window": 4, "pos": {"pairing": "interleaved"}}, "nope"]}, {},
+     r"sliding windows; Llama4ForCausalLM has none"),
     ({"pattern": [{"window": 4}, {"window": 8}]}, {}, r"sliding windows differ \(\[4, 8\]\)"),
     ({"pattern": ["rope", {"pos": {"p_rope": 0.5}}, "rope", "nope"]}, {}, r"layer 1 rotates .* p_rope=0.5"),
     ({"pattern": [{"window": 4, "pos": {"pairing": "interleaved"}}, {"pos": {"pairing": "interleaved"}}]},

@@ -49,8 +49,12 @@ class Family:
     logit_scale_key: str | None = None
     mlp_bias_key: str | None = None  # the config key of MLP biases, where the family has them
     sliding_flag: bool = False  # config.json switches windows on with use_sliding_window
+    mlp_prefix: str = "mlp"  # the MLP module's name in the tensor names
+    has_windows: bool = True  # the family has sliding-window layers at all
+    width_key: str = "intermediate_size"  # the config key of the (dense) MLP's width
     derived_head_dim: bool = False  # transformers takes head_dim as hidden_size / num_attention_heads
-    # config fields whose only mapped value is the one given (anything else is refused by name)
+    # config fields whose only mapped value is the one given, anything else refused by name:
+    # {key: (mapped value, transformers' value where the file lacks the key, what any other value means)}
     fixed: dict = field(default_factory=dict)
 
 
@@ -64,12 +68,23 @@ FAMILIES = {f.arch: f for f in (
            {"norm": "rms_offset", "qk_norm": True, "post_norms": True, "parallel": False, "mlp": "geglu"},
            act="gelu_pytorch_tanh", act_key="hidden_activation", pattern_default=6, per_type_rope=True,
            embed_scale=True, attn_scalar_key="query_pre_attn_scalar",
-           fixed={"attn_logit_softcapping": None, "final_logit_softcapping": None,
-                  "use_bidirectional_attention": False}),
+           fixed={"attn_logit_softcapping": (None, None, "soft-capped attention logits"),
+                  "final_logit_softcapping": (None, None, "soft-capped output logits"),
+                  "use_bidirectional_attention": (False, False, "attention that is not causal")}),
     Family("cohere2", "Cohere2ForCausalLM", "cohere2",
            {"norm": "layer", "qk_norm": False, "post_norms": False, "parallel": True, "mlp": "swiglu"},
            eps_key="layer_norm_eps", pairing="interleaved", pattern_default=4, nope="full",
            logit_scale_key="logit_scale", derived_head_dim=True),
+    # Llama 4 text in its dense form only: SmolLM3's layers with interleaved RoPE
+    Family("llama4", "Llama4ForCausalLM", "llama4_text", LLAMA_BLOCK, pairing="interleaved", nope="no_rope_layers",
+           mlp_prefix="feed_forward", width_key="intermediate_size_mlp", has_windows=False,
+           fixed={"moe_layers": ([], None, "mixture-of-experts MLPs on these layers (rope-lm's block has one dense "
+                                           "MLP); a missing moe_layers means every layer"),
+                  "attention_chunk_size": (None, 8192, "chunked attention on the RoPE layers (a query sees only "
+                                                       "its own chunk's keys, not a sliding window)"),
+                  "use_qk_norm": (False, True, "an L2 norm of q and k after the rotation on the RoPE layers"),
+                  "attn_temperature_tuning": (False, True, "position-dependent query temperature on the NoPE "
+                                                           "layers (not mapped yet)")}),
 )}
 
 # Architectures of the same generation that do not map, with the missing piece.
@@ -77,9 +92,6 @@ REFUSED = {
     "GptOssForCausalLM": "num_local_experts: every gpt-oss MLP is a mixture of experts (router + experts), and "
                          "rope-lm's block has one dense MLP; its learned attention sinks (self_attn.sinks) would "
                          "need the sink option as well",
-    "Llama4ForCausalLM": "attention_chunk_size (chunked attention: a query sees only the keys of its own chunk, "
-                         "not a sliding window), attn_temperature_tuning, use_qk_norm without weights and "
-                         "moe_layers (mixture-of-experts MLPs)",
 }
 
 
@@ -157,10 +169,12 @@ def _compact(entries: list) -> dict | None:
 
 
 def _refuse_fields(config: dict, family: Family):
-    for key, value in family.fixed.items():
-        if config.get(key, value) != value:
-            raise ConfigError(f"config.json has {key}={config[key]!r}; rope-lm maps {family.arch} with "
-                              f"{key}={value!r} only (no equivalent in its model).")
+    for key, (value, absent, meaning) in family.fixed.items():
+        found = config.get(key, absent)
+        if found != value:
+            raise ConfigError(f"config.json has {key}={found!r}" + ("" if key in config else " (its default)")
+                              + f": {meaning}, which rope-lm's model has no equivalent of; {family.arch} maps "
+                              f"with {key}={value!r} only.")
     act = config.get(family.act_key, family.act)
     if act != family.act:
         raise ConfigError(f"config.json has {family.act_key}={act!r}; {family.arch}'s MLP maps with "
@@ -206,7 +220,7 @@ def settings(config: dict, family: Family) -> dict:
     head_dim = config.get("head_dim") or config["hidden_size"] // H
     model = {
         "name": f"hf-{family.name}", "n_layer": n, "n_head": H, "n_kv_head": config.get("num_key_value_heads") or H,
-        "d_model": config["hidden_size"], "head_dim": head_dim, "mlp_hidden": config["intermediate_size"],
+        "d_model": config["hidden_size"], "head_dim": head_dim, "mlp_hidden": config[family.width_key],
         "norm_eps": float(config.get(family.eps_key, 1e-6)), "dropout": 0.0,
         "tie_embeddings": bool(config.get("tie_word_embeddings", False)), "bias": attn_bias, "qkv_bias": attn_bias,
         "attention": "auto", **family.model,
@@ -216,7 +230,8 @@ def settings(config: dict, family: Family) -> dict:
         "layout": _compact(entries),
     }
     return {"model": model, "pos": dict(first_rope), "scaling": scaling, "train_len": train_len,
-            "vocab_size": config["vocab_size"], "family": family.name, "max_position_embeddings": max_pos}
+            "vocab_size": config["vocab_size"], "family": family.name, "max_position_embeddings": max_pos,
+            "mlp_prefix": family.mlp_prefix}
 
 
 # --- export ------------------------------------------------------------------
@@ -227,10 +242,10 @@ def exporting_family(model) -> Family | None:
     it has, Llama's block going to SmolLM3 only when it has a layout (without
     one it is a Llama / Qwen2, rope_lm/hf/config.py)."""
     options = {k: getattr(model.cfg, k) for k in LLAMA_BLOCK}
-    for family in FAMILIES.values():
-        if family.model == options and (options != LLAMA_BLOCK or model.layout is not None):
-            return family
-    return None
+    found = [f for f in FAMILIES.values() if f.model == options and (options != LLAMA_BLOCK or model.layout is not None)]
+    pairings = {getattr(s, "pairing", None) for s in model._layer_schemes} - {None}
+    # of families with the same block, the one that rotates as the model does
+    return next((f for f in found if {f.pairing} == pairings), found[0] if found else None)
 
 
 def _layer_rope(model, family: Family) -> list[dict | None]:
@@ -290,6 +305,8 @@ def hf_config(model, family: Family) -> dict:
         _refuse(f"the layout's sliding windows differ ({sorted({w for w in windows if w})}); {family.arch} has one "
                 f"sliding_window.")
     window = next((w for w in windows if w is not None), None)
+    if window is not None and not family.has_windows:
+        _refuse(f"the layout has sliding windows; {family.arch} has none.")
     types = [SLIDING if w else FULL for w in windows]
     ropes = _layer_rope(model, family)
     nope = [r is None for r in ropes]
@@ -316,7 +333,7 @@ def hf_config(model, family: Family) -> dict:
     eps = cfg.norm_eps if cfg.norm_eps is not None else torch.finfo(torch.float32).eps
     out = {
         "architectures": [family.arch], "model_type": family.model_type, "vocab_size": cfg.vocab_size,
-        "hidden_size": cfg.d_model, "intermediate_size": cfg.hidden_size, "num_hidden_layers": n,
+        "hidden_size": cfg.d_model, family.width_key: cfg.hidden_size, "num_hidden_layers": n,
         "num_attention_heads": cfg.n_head, "num_key_value_heads": cfg.kv_heads, "head_dim": cfg.head_size,
         family.act_key: family.act, "max_position_embeddings": max_pos, family.eps_key: eps,
         "tie_word_embeddings": cfg.tie_embeddings, "attention_bias": cfg.bias, "attention_dropout": 0.0,
@@ -341,5 +358,5 @@ def hf_config(model, family: Family) -> dict:
         out[family.attn_scalar_key] = _attn_scalar(cfg, family)
     if family.logit_scale_key:
         out[family.logit_scale_key] = 1.0 if cfg.logit_scale is None else cfg.logit_scale
-    out.update(family.fixed)
+    out.update({key: value for key, (value, _, _) in family.fixed.items()})
     return out

@@ -96,7 +96,7 @@ def load_hf(path_or_name: str, dtype: torch.dtype = torch.float32, sliding_windo
     config = read_config(directory)
     settings = settings_from_hf(config, sliding_window)
     model = build_empty(settings, dtype)
-    load_weights(model, directory)
+    load_weights(model, directory, settings.get("mlp_prefix", "mlp"))
     model.eval()
     tokenizer, tokenizer_json = None, None
     tok_path = os.path.join(directory, "tokenizer.json")
