@@ -155,6 +155,15 @@ def test_config_without_layer_types_derives_them_as_transformers_does(tmp_path):
     assert_parity(ours, theirs, (40,), "cohere2 without layer_types")
 
 
+def test_sliding_window_ignore_gives_the_sliding_layers_full_attention(tmp_path):
+    """Exact up to the window's length, as for Mistral."""
+    directory, theirs = save_family(tmp_path, "cohere2")
+    ours, _, _ = load_hf(directory, sliding_window="ignore")
+    assert layers_of(ours) == [("rope", None)] * 3 + [("nope", None)]
+    assert_parity(ours, theirs, (8,), "cohere2, windows ignored, within the window")
+    assert relative_diff(ours, theirs, 24) > 1e-3  # past it the windows matter
+
+
 def test_hf_lit_builds_every_layer_scheme(tmp_path):
     """The LitLM is built on the meta device: each layer's scheme (two bases
     here) gets its computed buffers back."""

@@ -12,6 +12,10 @@ biases and none on the output projection (qkv_bias=true, bias=false).
 HF rope_type -> rope-lm method with the same fixed factor (docs/methods.md,
 "Matching Hugging Face"): default -> none, linear -> pi, dynamic ->
 dynamic_ntk, yarn -> yarn, llama3 -> llama3, longrope -> longrope.
+
+The families whose layers differ (SmolLM3, Qwen3, Gemma 3, Cohere2, Llama 4
+dense) are mapped in families.py on top of this module's RoPE mapping;
+settings_from_hf and hf_config hand them over.
 """
 
 import dataclasses
@@ -161,7 +165,7 @@ def settings_from_hf(config: dict, sliding_window: str = "auto") -> dict:
     arch = archs[0] if archs else None
     if arch in families.FAMILIES:
         _check_shape(config)
-        return families.settings(config, families.FAMILIES[arch])
+        return families.settings(config, families.FAMILIES[arch], sliding_window)
     if arch not in FAMILIES:
         why = UNSUPPORTED.get(arch) or families.REFUSED.get(arch)
         raise ConfigError(

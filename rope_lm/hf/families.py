@@ -181,8 +181,9 @@ def _refuse_fields(config: dict, family: Family):
                           f"{family.act_key}={family.act!r} only.")
 
 
-def settings(config: dict, family: Family) -> dict:
-    """settings_from_hf's answer for a family of FAMILIES."""
+def settings(config: dict, family: Family, sliding_window: str = "auto") -> dict:
+    """settings_from_hf's answer for a family of FAMILIES; sliding_window
+    'ignore' gives the sliding layers full attention."""
     _refuse_fields(config, family)
     n, H = config["num_hidden_layers"], config["num_attention_heads"]
     attn_bias = bool(config.get("attention_bias"))
@@ -205,6 +206,8 @@ def settings(config: dict, family: Family) -> dict:
     max_pos = int(config["max_position_embeddings"])
     scaling, train_len, scaled_types = _method(type_params, rope_types, max_pos, config)
     window = config.get("sliding_window") if config.get("use_sliding_window", True) else None
+    if sliding_window == "ignore":
+        window = None
     if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
         raise ConfigError(f"config.json has sliding_window={window!r}; it must be a positive number of keys.")
     entries = []

@@ -17,7 +17,7 @@ class HFInfo:
     """Where a model came from and how it was mapped."""
 
     directory: str
-    family: str  # llama | mistral | qwen2
+    family: str  # llama | mistral | qwen2 | qwen3 | smollm3 | gemma3 | cohere2 | llama4
     architecture: str
     settings: dict  # {'model', 'pos', 'scaling', 'train_len', 'vocab_size', ...}: build_model's arguments
     tokenizer_json: str | None  # the text of tokenizer.json, None when the directory has none
@@ -85,11 +85,12 @@ def build_empty(settings: dict, dtype: torch.dtype):
 def load_hf(path_or_name: str, dtype: torch.dtype = torch.float32, sliding_window: str = "auto",
             revision: str | None = None):
     """(TransformerLM in eval mode, tokenizers.Tokenizer or None, HFInfo) for a
-    LlamaForCausalLM / MistralForCausalLM / Qwen2ForCausalLM directory or hub
-    name. The model runs under the method that reproduces the checkpoint's
-    rope_scaling; model.set_scaling() swaps in any other. sliding_window:
-    'auto' maps Mistral's window to rope-lm's `window` method, 'ignore' loads
-    full attention (exact up to the window's length)."""
+    directory or hub name of a family rope-lm maps (rope_lm.hf.config and
+    .families). The model runs under the method that reproduces the
+    checkpoint's rope_scaling; model.set_scaling() swaps in any other.
+    sliding_window: 'auto' maps Mistral's window to rope-lm's `window` method
+    and the 2025 families' sliding layers to windows in their layout,
+    'ignore' loads full attention (exact up to the window's length)."""
     if sliding_window not in ("auto", "ignore"):
         raise ConfigError(f"sliding_window={sliding_window!r}: use auto or ignore.")
     directory = resolve(path_or_name, revision)
