@@ -13,6 +13,7 @@ from rope_lm.kv_cache import KVCache, cached_attention
 from rope_lm.layout import LayerSpec, layer_specs
 from rope_lm.errors import ConfigError
 from rope_lm.norms import NORM_KINDS, build_norm
+from rope_lm import softmax_options
 from rope_lm.positional import Dims, PosContext, build_scheme
 from rope_lm.scaling import build_scaling
 
@@ -46,6 +47,7 @@ class ModelConfig:
     embed_scale: float | None = None  # token embeddings times this (Gemma: sqrt(d_model)); None: 1
     attn_scale: float | None = None  # softmax scale of q.k; None: 1 / sqrt(head_size)
     logit_scale: float | None = None  # logits times this (Cohere), folded into the final hidden states
+    softmax: dict | None = None  # temperature, SSMax, sink logits (rope_lm/softmax_options.py); None: plain
 
     @property
     def kv_heads(self) -> int:
@@ -96,12 +98,22 @@ class ModelConfig:
         if self.attention not in KERNELS:
             raise ConfigError(f"model.attention={self.attention!r} is not a kernel; use one of {', '.join(KERNELS)}.")
         layer_specs(self.layout, {}, self.n_layer)  # the layout's shape; its schemes are checked when built
+        for layer in range(self.n_layer):
+            layer_softmax(self, layer)
         if self.mlp_ratio <= 0 or not 0 <= self.dropout < 1:
             raise ConfigError(f"model.mlp_ratio={self.mlp_ratio} must be positive and model.dropout={self.dropout} "
                               f"within [0, 1).")
 
     def dims(self) -> Dims:
         return Dims(self.d_model, self.n_head, self.head_size, self.n_layer, self.train_len)
+
+
+def layer_softmax(cfg: ModelConfig, layer: int) -> softmax_options.SoftmaxOptions:
+    """The softmax options of one layer: model.softmax with its layout entry's over it."""
+    specs = layer_specs(cfg.layout, {}, cfg.n_layer)
+    own = specs[layer].softmax if specs is not None else None
+    where = f"model.softmax with layer {layer}'s layout softmax" if own else "model.softmax"
+    return softmax_options.parse(softmax_options.merged(cfg.softmax, own), cfg.train_len, where)
 
 
 def check_fit(cfg: ModelConfig, pos: dict, scaling: dict | None, length: int) -> None:
@@ -192,6 +204,13 @@ class Attention(nn.Module):
         self.k_norm = build_norm(cfg.norm, self.head_dim, cfg.norm_eps) if cfg.qk_norm else None
         # Every kernel divides q.k by sqrt(D); another softmax scale is folded into the queries.
         self.q_factor = None if cfg.attn_scale is None else cfg.attn_scale * self.head_dim ** 0.5
+        self.softmax = layer_softmax(cfg, layer)
+        # Created only where asked for, so the state dicts of other models are unchanged.
+        self.ssmax = self.sinks = None
+        if self.softmax.ssmax_init is not None:
+            self.ssmax = nn.Parameter(torch.full((cfg.n_head,), self.softmax.ssmax_init))
+        if self.softmax.sink_logits:
+            self.sinks = nn.Parameter(torch.zeros(cfg.n_head))
 
     def split_qkv(self, x):
         """x (B, T, C) -> q (B, H, T, D), k and v (B, Hkv, T, D), unrotated,
@@ -208,6 +227,11 @@ class Attention(nn.Module):
     def forward(self, x, scheme, pos, plan, ctx, cache=None):
         B, T, _ = x.shape
         q, k, v = self.split_qkv(x)
+        scale = softmax_options.query_scale(self.softmax, self.ssmax, pos.shape[0], T, plan, x.device)
+        if scale is not None:
+            q = (q * scale).to(q.dtype)
+        if self.sinks is not None:
+            plan = replace(plan, sink_logits=self.sinks)
         if cache is None:
             y = attend(q, k, v, scheme, self.layer, pos, plan, ctx, self.kernel)
         else:
@@ -381,7 +405,8 @@ class TransformerLM(nn.Module):
                 groups[key] = (gctx, gpos, method.attention_plan(gpos, gctx))
             gctx, gpos, plan = groups[key]
             if spec.window is not None:
-                plan = replace(plan, window=min(spec.window, plan.window or spec.window))
+                plan = replace(plan, window=min(spec.window, plan.window or spec.window),
+                               sink_tokens=max(spec.sinks, plan.sink_tokens))
             # Each layer's own carried state (a recurrent scheme at two layers reads two inputs).
             lctx = replace(gctx, state=(cache.state if cache is not None else {}).setdefault(i, {}))
             x = scheme.embed(x, gpos[start:], lctx)
