@@ -50,6 +50,11 @@ FAMILIES = {
     "llama4": (Llama4TextConfig, Llama4ForCausalLM, {"intermediate_size_mlp": 96, "moe_layers": [],
                                                       "attention_chunk_size": None, "use_qk_norm": False,
                                                       "attn_temperature_tuning": False}),
+    # with its query temperature on the NoPE layers (h5's softmax option); floor_scale 8 so it acts within 24 tokens
+    "llama4-temperature": (Llama4TextConfig, Llama4ForCausalLM, {"intermediate_size_mlp": 96, "moe_layers": [],
+                                                                  "attention_chunk_size": None, "use_qk_norm": False,
+                                                                  "attn_temperature_tuning": True, "floor_scale": 8,
+                                                                  "attn_scale": 0.1}),
 }
 # what each becomes, layer by layer: (scheme, window)
 EXPECTED_LAYERS = {
@@ -60,6 +65,7 @@ EXPECTED_LAYERS = {
     "gemma3": [("rope", 8), ("rope", None)] * 2,
     "cohere2": [("rope", 8)] * 3 + [("nope", None)],
     "llama4": [("rope", None)] * 3 + [("nope", None)],
+    "llama4-temperature": [("rope", None)] * 3 + [("nope", None)],
 }
 
 
@@ -106,6 +112,13 @@ def test_families_match_transformers_inside_and_past_max_positions(tmp_path, cas
     assert layers_of(ours) == EXPECTED_LAYERS[case]
     # windows of 8 are far shorter than both lengths: a wrong window or a missing one shows
     assert_parity(ours, theirs, (MAX_POS - 8, 2 * MAX_POS + 6), case)
+
+
+def test_llama4_temperature_is_on_its_nope_layers_only(tmp_path):
+    directory, _ = save_family(tmp_path, "llama4-temperature")
+    ours, _, _ = load_hf(directory)
+    assert [b.attn.softmax.temperature for b in ours.blocks] == [False, False, False, True]
+    assert (ours.blocks[3].attn.softmax.floor_scale, ours.blocks[3].attn.softmax.attn_scale) == (8.0, 0.1)
 
 
 def test_gemma3_local_and_global_layers_keep_their_own_bases(tmp_path):
@@ -208,7 +221,6 @@ def test_cached_decoding_equals_one_forward(tmp_path, case):
     ("llama4", {"moe_layers": [1, 3]}, r"moe_layers=\[1, 3\]: mixture-of-experts MLPs"),
     ("llama4", {"attention_chunk_size": 8}, r"attention_chunk_size=8: chunked attention"),
     ("llama4", {"use_qk_norm": True}, r"use_qk_norm=True: an L2 norm of q and k"),
-    ("llama4", {"attn_temperature_tuning": True}, r"attn_temperature_tuning=True: position-dependent query"),
 ])
 def test_what_does_not_map_is_refused_naming_the_field(tmp_path, case, changes, message):
     directory, _ = save_family(tmp_path, case)
@@ -249,11 +261,13 @@ def test_import_export_round_trip(tmp_path, case):
     original = json.load(open(os.path.join(directory, "config.json")))
     config = json.load(open(tmp_path / "again" / "config.json"))
     # Llama 4's intermediate_size is its experts' width, which a dense model does not have
-    width = "intermediate_size_mlp" if case == "llama4" else "intermediate_size"
+    width = "intermediate_size_mlp" if case.startswith("llama4") else "intermediate_size"
     for key in ("architectures", "model_type", "hidden_size", width, "num_key_value_heads", "head_dim",
                 "max_position_embeddings", "tie_word_embeddings", "layer_types", "sliding_window", "no_rope_layers",
-                "query_pre_attn_scalar", "logit_scale", "rms_norm_eps", "layer_norm_eps"):
+                "query_pre_attn_scalar", "logit_scale", "rms_norm_eps", "layer_norm_eps", "attn_temperature_tuning"):
         assert config.get(key) == original.get(key), key
+    if original.get("attn_temperature_tuning"):  # its settings are read only when it is on
+        assert (config["floor_scale"], config["attn_scale"]) == (original["floor_scale"], original["attn_scale"])
     assert written_as(config["rope_parameters"], original["rope_parameters"])
     again = AutoModelForCausalLM.from_pretrained(str(tmp_path / "again"), attn_implementation="eager").eval()
     assert_parity(ours, again, (24, 80), f"{case} exported")
@@ -288,8 +302,11 @@ def scratch_model(layout, scaling=None, **model):
       "attn_scale": 20 ** -0.5, "tie_embeddings": True}, "Gemma3ForCausalLM"),
     ({"pattern": [{"window": 6, "pos": {"pairing": "interleaved"}}, "nope"]},
      {"norm": "layer", "parallel": True, "logit_scale": 0.25}, "Cohere2ForCausalLM"),
-    # Llama's block, interleaved pairs, every 4th layer NoPE and no windows: Llama 4's dense form
-    ({"pattern": [{"pos": {"pairing": "interleaved"}}] * 3 + ["nope"]}, {}, "Llama4ForCausalLM"),
+    # Llama's block, interleaved pairs, every 4th layer NoPE and no windows: Llama 4's dense form,
+    # here with its temperature on the NoPE layers (conf/layout/llama4.yaml's rhythm)
+    ({"pattern": [{"pos": {"pairing": "interleaved"}}] * 3
+      + [{"pos": {"name": "nope"}, "softmax": {"temperature": {"floor_scale": 8, "attn_scale": 0.1}}}]}, {},
+     "Llama4ForCausalLM"),
 ])
 def test_rope_lm_models_export_to_the_family_that_expresses_them(tmp_path, layout, model, arch):
     ours = scratch_model(layout, {"name": "yarn", "factor": 4.0}, **model)
@@ -303,6 +320,10 @@ def test_rope_lm_models_export_to_the_family_that_expresses_them(tmp_path, layou
     ({"pattern": ["rope", "alibi"]}, {}, r"layer 1 uses positional scheme 'alibi'"),
     ({"pattern": [{"window": 4, "pos": {"pairing": "interleaved"}}, "nope"]}, {},
      r"sliding windows; Llama4ForCausalLM has none"),
+    ({"pattern": [{"pos": {"pairing": "interleaved"}, "softmax": {"temperature": {"floor_scale": 8, "attn_scale": 0.1}}},
+                  "nope"]}, {}, r"temperature is on layers \[0, 2\]; Llama4ForCausalLM tunes exactly its NoPE"),
+    (None, {"qk_norm": True, "softmax": {"sink_logits": True}},
+     r"layer 0 has learned sink logits; Qwen3ForCausalLM has neither"),
     ({"pattern": [{"window": 4}, {"window": 8}]}, {}, r"sliding windows differ \(\[4, 8\]\)"),
     ({"pattern": ["rope", {"pos": {"p_rope": 0.5}}, "rope", "nope"]}, {}, r"layer 1 rotates .* p_rope=0.5"),
     ({"pattern": [{"window": 4, "pos": {"pairing": "interleaved"}}, {"pos": {"pairing": "interleaved"}}]},

@@ -51,6 +51,8 @@ class Family:
     sliding_flag: bool = False  # config.json switches windows on with use_sliding_window
     mlp_prefix: str = "mlp"  # the MLP module's name in the tensor names
     has_windows: bool = True  # the family has sliding-window layers at all
+    # config key switching on Llama 4's query temperature on the NoPE layers (floor_scale, attn_scale beside it)
+    temperature_key: str | None = None
     width_key: str = "intermediate_size"  # the config key of the (dense) MLP's width
     derived_head_dim: bool = False  # transformers takes head_dim as hidden_size / num_attention_heads
     # config fields whose only mapped value is the one given, anything else refused by name:
@@ -78,13 +80,12 @@ FAMILIES = {f.arch: f for f in (
     # Llama 4 text in its dense form only: SmolLM3's layers with interleaved RoPE
     Family("llama4", "Llama4ForCausalLM", "llama4_text", LLAMA_BLOCK, pairing="interleaved", nope="no_rope_layers",
            mlp_prefix="feed_forward", width_key="intermediate_size_mlp", has_windows=False,
+           temperature_key="attn_temperature_tuning",
            fixed={"moe_layers": ([], None, "mixture-of-experts MLPs on these layers (rope-lm's block has one dense "
                                            "MLP); a missing moe_layers means every layer"),
                   "attention_chunk_size": (None, 8192, "chunked attention on the RoPE layers (a query sees only "
                                                        "its own chunk's keys, not a sliding window)"),
-                  "use_qk_norm": (False, True, "an L2 norm of q and k after the rotation on the RoPE layers"),
-                  "attn_temperature_tuning": (False, True, "position-dependent query temperature on the NoPE "
-                                                           "layers (not mapped yet)")}),
+                  "use_qk_norm": (False, True, "an L2 norm of q and k after the rotation on the RoPE layers")}),
 )}
 
 # Architectures of the same generation that do not map, with the missing piece.
@@ -157,6 +158,11 @@ def _method(type_params: dict, used: set[str], max_pos: int, config: dict) -> tu
     return scaling, train_len, set(asked)
 
 
+def _temperature(config: dict) -> dict:
+    """Llama 4's query temperature (transformers' defaults where the file has none)."""
+    return {"floor_scale": float(config.get("floor_scale", 8192)), "attn_scale": float(config.get("attn_scale", 0.1))}
+
+
 def _compact(entries: list) -> dict | None:
     """{'pattern': the shortest unit the layers repeat (cut where they end, as
     Gemma 3 1B's 6 over 26)}, else {'layers': entries}; None (no layout) where
@@ -218,6 +224,8 @@ def settings(config: dict, family: Family, sliding_window: str = "auto") -> dict
         entry = {"pos": pos, "window": window if t == SLIDING else None}
         if scaling["name"] != "none" and not off and t not in scaled_types:
             entry["scaling"] = False
+        if off and family.temperature_key and config.get(family.temperature_key, True):
+            entry["softmax"] = {"temperature": _temperature(config)}
         entries.append(entry)
     first_rope = next((e["pos"] for e in entries if e["pos"]["name"] == "rope"), {"name": "nope"})
     head_dim = config.get("head_dim") or config["hidden_size"] // H
@@ -287,6 +295,29 @@ def _check_options(cfg, family: Family):
                 f"num_attention_heads = {cfg.d_model / cfg.n_head:g}.")
 
 
+def _softmax_to_hf(model, family: Family, nope: list[bool]) -> dict:
+    """The config fields of the layers' softmax options: Llama 4's temperature
+    on exactly its NoPE layers, one setting for all; anything else refused."""
+    opts = [block.attn.softmax for block in model.blocks]
+    for i, o in enumerate(opts):
+        if o.ssmax_init is not None or o.sink_logits:
+            _refuse(f"layer {i} has " + ("SSMax" if o.ssmax_init is not None else "learned sink logits")
+                    + f"; {family.arch} has neither.")
+    tuned = [o.temperature for o in opts]
+    if not any(tuned):
+        return {family.temperature_key: False} if family.temperature_key else {}
+    settings = {(o.floor_scale, o.attn_scale) for o in opts if o.temperature}
+    if not family.temperature_key or tuned != nope or len(settings) > 1:
+        _refuse(f"the query temperature is on layers {[i for i, t in enumerate(tuned) if t]}"
+                + (f" with settings {sorted(settings)}" if len(settings) > 1 else "")
+                + f"; {family.arch} " + ("tunes exactly its NoPE layers, with one floor_scale and attn_scale."
+                                         if family.temperature_key else "has no query temperature."))
+    floor_scale, attn_scale = settings.pop()
+    if floor_scale != int(floor_scale):
+        _refuse(f"temperature floor_scale={floor_scale} is not a whole number; {family.arch} writes it as an integer.")
+    return {family.temperature_key: True, "floor_scale": int(floor_scale), "attn_scale": attn_scale}
+
+
 def _attn_scalar(cfg, family: Family) -> int:
     """The whole number s whose s^-1/2 is the model's softmax scale (transformers types it int)."""
     if cfg.attn_scale is None:
@@ -317,6 +348,7 @@ def hf_config(model, family: Family) -> dict:
         rule = ("NoPE on exactly its global (full-attention) layers" if family.nope == "full" else "RoPE on every "
                 "layer")
         _refuse(f"the layout has NoPE on layers {[i for i, x in enumerate(nope) if x]}; {family.arch} has {rule}.")
+    temperature = _softmax_to_hf(model, family, nope)
     rope, max_pos = _rope_scaling_to_hf(model.scaling, cfg.train_len)
     scaled = set(model.scaled_layers)
     type_rope = {}
@@ -362,4 +394,5 @@ def hf_config(model, family: Family) -> dict:
     if family.logit_scale_key:
         out[family.logit_scale_key] = 1.0 if cfg.logit_scale is None else cfg.logit_scale
     out.update({key: value for key, (value, _, _) in family.fixed.items()})
+    out.update(temperature)
     return out
