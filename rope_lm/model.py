@@ -13,6 +13,7 @@ from rope_lm.kv_cache import KVCache, cached_attention
 from rope_lm.layout import LayerSpec, layer_specs
 from rope_lm.errors import ConfigError
 from rope_lm.norms import NORM_KINDS, build_norm
+from rope_lm import experts as moe
 from rope_lm import softmax_options
 from rope_lm.positional import Dims, PosContext, build_scheme
 from rope_lm.scaling import build_scaling
@@ -47,6 +48,7 @@ class ModelConfig:
     embed_scale: float | None = None  # token embeddings times this (Gemma: sqrt(d_model)); None: 1
     attn_scale: float | None = None  # softmax scale of q.k; None: 1 / sqrt(head_size)
     logit_scale: float | None = None  # logits times this (Cohere), folded into the final hidden states
+    experts: dict | None = None  # mlp=moe: {count, top_k, limit, alpha}, gpt-oss's experts (rope_lm/experts.py)
     softmax: dict | None = None  # temperature, SSMax, sink logits (rope_lm/softmax_options.py); None: plain
 
     @property
@@ -83,6 +85,7 @@ class ModelConfig:
                 f"model.d_model={self.d_model} is not divisible by model.n_head={self.n_head}; "
                 f"the head dimension must be a whole number (e.g. d_model={self.n_head * max(1, self.d_model // self.n_head)})."
             )
+        moe.check(self.experts, self.mlp)
         if self.norm not in NORM_KINDS:
             raise ConfigError(f"model.norm={self.norm!r} is not a norm kind; use one of {', '.join(NORM_KINDS)}.")
         for key in ("qk_norm", "post_norms", "parallel"):
@@ -167,7 +170,7 @@ def _validate_length(length, method, schemes, active, train_len):
         acting.validate(length, scheme, train_len)
 
 
-MLP_KINDS = ("gelu", "swiglu", "geglu")
+MLP_KINDS = ("gelu", "swiglu", "geglu", "moe")
 # The gate's activation of each gated kind (geglu: Gemma's tanh-approximated GELU).
 GATES = {"swiglu": F.silu, "geglu": lambda x: F.gelu(x, approximate="tanh")}
 
@@ -246,7 +249,7 @@ class Block(nn.Module):
         self.attn = Attention(cfg, layer)
         # A parallel block's MLP reads norm1's output too.
         self.norm2 = None if cfg.parallel else build_norm(cfg.norm, cfg.d_model, cfg.norm_eps)
-        self.mlp = MLP(cfg)
+        self.mlp = moe.Experts(cfg) if cfg.mlp == "moe" else MLP(cfg)
         self.attn_post_norm = build_norm(cfg.norm, cfg.d_model, cfg.norm_eps) if cfg.post_norms else None
         self.mlp_post_norm = build_norm(cfg.norm, cfg.d_model, cfg.norm_eps) if cfg.post_norms else None
 

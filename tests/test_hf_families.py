@@ -13,7 +13,7 @@ import torch
 
 pytest.importorskip("transformers")
 from transformers import (AutoModelForCausalLM, Cohere2Config, Cohere2ForCausalLM, Gemma3ForCausalLM,  # noqa: E402
-                          Gemma3TextConfig, Llama4ForCausalLM, Llama4TextConfig, Qwen3Config, Qwen3ForCausalLM,
+                          Gemma3TextConfig, GptOssConfig, GptOssForCausalLM, Llama4ForCausalLM, Llama4TextConfig, Qwen3Config, Qwen3ForCausalLM,
                           SmolLM3Config, SmolLM3ForCausalLM)
 from transformers.utils import logging as hf_logging  # noqa: E402
 
@@ -46,6 +46,11 @@ FAMILIES = {
                {"sliding_window": 8, "layer_types": GEMMA_TYPES, "query_pre_attn_scalar": 24,
                 "rope_parameters": GEMMA_ROPE}),
     "cohere2": (Cohere2Config, Cohere2ForCausalLM, {"sliding_window": 8, "logit_scale": 0.5}),
+    # gpt-oss: 6 experts, 2 a token, sink logits, alternating sliding (8) and full layers; a clamp of 0.5
+    # (7 in the released models) so that the clamps act on these small activations
+    "gpt_oss": (GptOssConfig, GptOssForCausalLM, {"intermediate_size": 48, "num_local_experts": 6,
+                                                   "num_experts_per_tok": 2, "sliding_window": 8, "swiglu_limit": 0.5,
+                                                   "rope_parameters": {"rope_type": "default", "rope_theta": 1e4}}),
     # Llama 4's dense form: no experts, no chunked attention, no L2 q/k norm, no temperature tuning
     "llama4": (Llama4TextConfig, Llama4ForCausalLM, {"intermediate_size_mlp": 96, "moe_layers": [],
                                                       "attention_chunk_size": None, "use_qk_norm": False,
@@ -65,6 +70,7 @@ EXPECTED_LAYERS = {
     "gemma3": [("rope", 8), ("rope", None)] * 2,
     "cohere2": [("rope", 8)] * 3 + [("nope", None)],
     "llama4": [("rope", None)] * 3 + [("nope", None)],
+    "gpt_oss": [("rope", 8), ("rope", None)] * 2,
     "llama4-temperature": [("rope", None)] * 3 + [("nope", None)],
 }
 
@@ -77,6 +83,10 @@ def save_family(tmp_path, case, **overrides):
     kwargs.update(extra)
     kwargs.update(overrides)
     model = randomize(Model(Config(**kwargs))).eval()
+    with torch.no_grad():  # sink logits of O(1), so that they weigh in every softmax
+        for name, p in model.named_parameters():
+            if name.endswith("self_attn.sinks"):
+                p.copy_(torch.randn(p.shape, generator=torch.Generator().manual_seed(2)))
     model.config._attn_implementation = "eager"
     directory = str(tmp_path / case)
     model.save_pretrained(directory)
@@ -145,6 +155,7 @@ YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 
     ("smollm3", {"rope_parameters": YARN}, [0, 2]),  # the NoPE layers take no method (transformers: no rotation)
     ("cohere2", {"rope_parameters": YARN}, [0, 1, 2]),
     ("llama4", {"rope_parameters": YARN}, [0, 1, 2]),
+    ("gpt_oss", {"rope_parameters": {**YARN, "truncate": False}}, [0, 1, 2, 3]),  # gpt-oss's own YaRN is untruncated
     # Gemma 3 scales its global layers only (its 27B config: linear factor 8 on full_attention)
     ("gemma3", {"rope_parameters": {SLIDING: GEMMA_ROPE[SLIDING], FULL: {**YARN, "rope_theta": 1e6}}}, [1, 3]),
 ])
@@ -186,7 +197,7 @@ def test_hf_lit_builds_every_layer_scheme(tmp_path):
     assert_parity(lit.model, theirs, (40,), "gemma3 via hf_lit")
 
 
-@pytest.mark.parametrize("case", ["gemma3", "cohere2", "smollm3-sliding"])
+@pytest.mark.parametrize("case", ["gemma3", "cohere2", "smollm3-sliding", "gpt_oss"])
 def test_cached_decoding_equals_one_forward(tmp_path, case):
     """The new options sit in the projections and the block, so the KV cache
     reads them as the full forward does: prefill then one token at a time."""
@@ -204,7 +215,6 @@ def test_cached_decoding_equals_one_forward(tmp_path, case):
 
 
 @pytest.mark.parametrize("case,changes,message", [
-    ("qwen3", {"architectures": ["GptOssForCausalLM"]}, r"GptOssForCausalLM.*num_local_experts.*mixture of experts"),
     ("qwen3", {"attention_bias": True}, r"attention_bias=True with no MLP biases in Qwen3ForCausalLM"),
     ("smollm3", {"attention_bias": True, "mlp_bias": False}, r"attention_bias=True with mlp_bias=False"),
     ("gemma3", {"attn_logit_softcapping": 50.0}, r"attn_logit_softcapping=50.0"),
@@ -264,8 +274,12 @@ def test_import_export_round_trip(tmp_path, case):
     width = "intermediate_size_mlp" if case.startswith("llama4") else "intermediate_size"
     for key in ("architectures", "model_type", "hidden_size", width, "num_key_value_heads", "head_dim",
                 "max_position_embeddings", "tie_word_embeddings", "layer_types", "sliding_window", "no_rope_layers",
-                "query_pre_attn_scalar", "logit_scale", "rms_norm_eps", "layer_norm_eps", "attn_temperature_tuning"):
+                "query_pre_attn_scalar", "logit_scale", "rms_norm_eps", "layer_norm_eps", "attn_temperature_tuning",
+                "attention_bias"):
         assert config.get(key) == original.get(key), key
+    if case == "gpt_oss":  # (Llama 4's dense form carries expert fields it does not read)
+        for key in ("num_local_experts", "num_experts_per_tok", "swiglu_limit", "swiglu_alpha"):
+            assert config[key] == original[key], key
     if original.get("attn_temperature_tuning"):  # its settings are read only when it is on
         assert (config["floor_scale"], config["attn_scale"]) == (original["floor_scale"], original["attn_scale"])
     assert written_as(config["rope_parameters"], original["rope_parameters"])
@@ -302,6 +316,9 @@ def scratch_model(layout, scaling=None, **model):
       "attn_scale": 20 ** -0.5, "tie_embeddings": True}, "Gemma3ForCausalLM"),
     ({"pattern": [{"window": 6, "pos": {"pairing": "interleaved"}}, "nope"]},
      {"norm": "layer", "parallel": True, "logit_scale": 0.25}, "Cohere2ForCausalLM"),
+    # gpt-oss's parts on a rope-lm model: experts, sink logits, biases on q/k/v/o, windows every other layer
+    ({"pattern": [{"window": 6}, {}]}, {"mlp": "moe", "experts": {"count": 4, "top_k": 2}, "bias": True,
+                                        "softmax": {"sink_logits": True}}, "GptOssForCausalLM"),
     # Llama's block, interleaved pairs, every 4th layer NoPE and no windows: Llama 4's dense form,
     # here with its temperature on the NoPE layers (conf/layout/llama4.yaml's rhythm)
     ({"pattern": [{"pos": {"pairing": "interleaved"}}] * 3
@@ -337,6 +354,8 @@ def test_rope_lm_models_export_to_the_family_that_expresses_them(tmp_path, layou
     ({"layers": ["rope", {"scaling": False}, "rope", "rope"]}, {"qk_norm": True},
      r"acts on some full_attention layers and not on others"),
     (None, {"norm": "layer"}, r"model.norm=layer in a block no transformers family has"),
+    ({"pattern": [{"window": 6}, {}]}, {"mlp": "moe", "experts": {"count": 4, "top_k": 2}},
+     r"layer 0 has no sink logits; GptOssForCausalLM has sink logits on every layer"),
     ({"pattern": ["rope", "nope"]}, {"mlp": "gelu"}, r"a per-layer layout with .*mlp=gelu"),
 ])
 def test_export_refuses_what_no_family_expresses(tmp_path, layout, model, message):
@@ -363,7 +382,10 @@ def test_default_options_add_no_modules():
     ({"parallel": True, "post_norms": True}, r"parallel=true with model.post_norms=true"),
     ({"attn_scale": 0}, r"model.attn_scale=0 must be a positive number"),
     ({"logit_scale": -1.0}, r"model.logit_scale=-1.0 must be a positive number"),
-    ({"mlp": "reglu"}, r"model.mlp='reglu' is not an MLP kind; use one of gelu, swiglu, geglu"),
+    ({"mlp": "reglu"}, r"model.mlp='reglu' is not an MLP kind; use one of gelu, swiglu, geglu, moe"),
+    ({"mlp": "moe"}, r"model.mlp=moe needs model.experts"),
+    ({"mlp": "moe", "experts": {"count": 2, "top_k": 3}}, r"top_k=3 exceeds model.experts.count=2"),
+    ({"mlp": "swiglu", "experts": {"count": 2, "top_k": 1}}, r"experts need model.mlp=moe"),
 ])
 def test_bad_options_are_refused(change, message):
     with pytest.raises(ConfigError, match=message):

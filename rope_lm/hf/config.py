@@ -167,7 +167,7 @@ def settings_from_hf(config: dict, sliding_window: str = "auto") -> dict:
         _check_shape(config)
         return families.settings(config, families.FAMILIES[arch], sliding_window)
     if arch not in FAMILIES:
-        why = UNSUPPORTED.get(arch) or families.REFUSED.get(arch)
+        why = UNSUPPORTED.get(arch)
         raise ConfigError(
             f"Architecture {arch!r} cannot be loaded into rope-lm"
             + (f": rope-lm's block has no {why}." if why else ".")

@@ -53,6 +53,8 @@ class Family:
     has_windows: bool = True  # the family has sliding-window layers at all
     # config key switching on Llama 4's query temperature on the NoPE layers (floor_scale, attn_scale beside it)
     temperature_key: str | None = None
+    sinks: bool = False  # a learned sink logit per head on every layer (gpt-oss)
+    experts: bool = False  # the MLP is gpt-oss's mixture of experts (rope_lm/experts.py)
     width_key: str = "intermediate_size"  # the config key of the (dense) MLP's width
     derived_head_dim: bool = False  # transformers takes head_dim as hidden_size / num_attention_heads
     # config fields whose only mapped value is the one given, anything else refused by name:
@@ -77,6 +79,9 @@ FAMILIES = {f.arch: f for f in (
            {"norm": "layer", "qk_norm": False, "post_norms": False, "parallel": True, "mlp": "swiglu"},
            eps_key="layer_norm_eps", pairing="interleaved", pattern_default=4, nope="full",
            logit_scale_key="logit_scale", derived_head_dim=True),
+    # gpt-oss: Llama's block with q/k/v/o biases, sink logits and experts; sliding and full layers alternate
+    Family("gpt_oss", "GptOssForCausalLM", "gpt_oss", {**LLAMA_BLOCK, "mlp": "moe"}, pattern_default=2,
+           sinks=True, experts=True),
     # Llama 4 text in its dense form only: SmolLM3's layers with interleaved RoPE
     Family("llama4", "Llama4ForCausalLM", "llama4_text", LLAMA_BLOCK, pairing="interleaved", nope="no_rope_layers",
            mlp_prefix="feed_forward", width_key="intermediate_size_mlp", has_windows=False,
@@ -88,12 +93,6 @@ FAMILIES = {f.arch: f for f in (
                   "use_qk_norm": (False, True, "an L2 norm of q and k after the rotation on the RoPE layers")}),
 )}
 
-# Architectures of the same generation that do not map, with the missing piece.
-REFUSED = {
-    "GptOssForCausalLM": "num_local_experts: every gpt-oss MLP is a mixture of experts (router + experts), and "
-                         "rope-lm's block has one dense MLP; its learned attention sinks (self_attn.sinks) would "
-                         "need the sink option as well",
-}
 
 
 def _layer_types(config: dict, family: Family, n: int) -> list[str]:
@@ -158,6 +157,12 @@ def _method(type_params: dict, used: set[str], max_pos: int, config: dict) -> tu
     return scaling, train_len, set(asked)
 
 
+def _experts(config: dict) -> dict:
+    """model.experts from gpt-oss's fields (transformers' defaults where the file has none)."""
+    return {"count": config.get("num_local_experts", 128), "top_k": config.get("num_experts_per_tok", 4),
+            "limit": float(config.get("swiglu_limit", 7.0)), "alpha": float(config.get("swiglu_alpha", 1.702))}
+
+
 def _temperature(config: dict) -> dict:
     """Llama 4's query temperature (transformers' defaults where the file has none)."""
     return {"floor_scale": float(config.get("floor_scale", 8192)), "attn_scale": float(config.get("attn_scale", 0.1))}
@@ -192,9 +197,9 @@ def settings(config: dict, family: Family, sliding_window: str = "auto") -> dict
     'ignore' gives the sliding layers full attention."""
     _refuse_fields(config, family)
     n, H = config["num_hidden_layers"], config["num_attention_heads"]
-    attn_bias = bool(config.get("attention_bias"))
+    attn_bias = bool(config.get("attention_bias", family.experts))  # gpt-oss's default is true
     mlp_bias = bool(config.get(family.mlp_bias_key)) if family.mlp_bias_key else False
-    if attn_bias != mlp_bias:
+    if attn_bias != mlp_bias and not family.experts:  # experts carry their own biases; `bias` is o_proj's there
         raise ConfigError(f"config.json has attention_bias={attn_bias} with "
                           + (f"{family.mlp_bias_key}={mlp_bias}" if family.mlp_bias_key else
                              f"no MLP biases in {family.arch}")
@@ -239,6 +244,8 @@ def settings(config: dict, family: Family, sliding_window: str = "auto") -> dict
         "attn_scale": float(config[family.attn_scalar_key]) ** -0.5 if family.attn_scalar_key else None,
         "logit_scale": float(config[family.logit_scale_key]) if family.logit_scale_key else None,
         "layout": _compact(entries),
+        "softmax": {"sink_logits": True} if family.sinks else None,
+        "experts": _experts(config) if family.experts else None,
     }
     return {"model": model, "pos": dict(first_rope), "scaling": scaling, "train_len": train_len,
             "vocab_size": config["vocab_size"], "family": family.name, "max_position_embeddings": max_pos,
@@ -286,7 +293,7 @@ def _check_options(cfg, family: Family):
             _refuse(f"model.{key}={getattr(cfg, key)}; {family.arch} has "
                     + (f"{key}={value}." if value is not None else f"no {key}."))
     qkv_bias = cfg.bias if cfg.qkv_bias is None else cfg.qkv_bias
-    if qkv_bias != cfg.bias or (cfg.bias and not family.mlp_bias_key):
+    if qkv_bias != cfg.bias or (cfg.bias and not family.mlp_bias_key and not family.experts):
         _refuse(f"bias={cfg.bias} with qkv_bias={qkv_bias}: {family.arch}'s attention_bias covers q, k, v and the "
                 f"output projection" + (f", and {family.mlp_bias_key} the MLP." if family.mlp_bias_key else
                                         " and its MLP has none; set both false."))
@@ -300,9 +307,11 @@ def _softmax_to_hf(model, family: Family, nope: list[bool]) -> dict:
     on exactly its NoPE layers, one setting for all; anything else refused."""
     opts = [block.attn.softmax for block in model.blocks]
     for i, o in enumerate(opts):
-        if o.ssmax_init is not None or o.sink_logits:
-            _refuse(f"layer {i} has " + ("SSMax" if o.ssmax_init is not None else "learned sink logits")
-                    + f"; {family.arch} has neither.")
+        if o.ssmax_init is not None or o.sink_logits != family.sinks:
+            what = ("SSMax" if o.ssmax_init is not None else "learned sink logits" if o.sink_logits else
+                    "no sink logits")
+            _refuse(f"layer {i} has {what}; {family.arch} has " + ("sink logits on every layer and no SSMax."
+                                                                   if family.sinks else "neither."))
     tuned = [o.temperature for o in opts]
     if not any(tuned):
         return {family.temperature_key: False} if family.temperature_key else {}
@@ -395,4 +404,8 @@ def hf_config(model, family: Family) -> dict:
         out[family.logit_scale_key] = 1.0 if cfg.logit_scale is None else cfg.logit_scale
     out.update({key: value for key, (value, _, _) in family.fixed.items()})
     out.update(temperature)
+    if family.experts:
+        e = cfg.experts
+        out.update(num_local_experts=e["count"], num_experts_per_tok=e["top_k"],
+                   swiglu_limit=float(e.get("limit", 7.0)), swiglu_alpha=float(e.get("alpha", 1.702)))
     return out

@@ -46,17 +46,29 @@ def layout(cfg, mlp_prefix: str = "mlp") -> dict[str, tuple[str, slice | None]]:
         norms = {} if cfg.parallel else {"post_attention_layernorm": "norm2"}
     if cfg.qk_norm:
         norms.update({"self_attn.q_norm": "attn.q_norm", "self_attn.k_norm": "attn.k_norm"})
+    from rope_lm.model import layer_softmax
+
     for i in range(cfg.n_layer):
         hf, ours = f"model.layers.{i}.", f"blocks.{i}."
         out[hf + "input_layernorm.weight"] = (ours + "norm1.weight", None)
         for theirs, mine in norms.items():
             out[hf + theirs + ".weight"] = (ours + mine + ".weight", None)
+        if layer_softmax(cfg, i).sink_logits:
+            out[hf + "self_attn.sinks"] = (ours + "attn.sinks", None)
         for name, part in rows.items():
             out[hf + f"self_attn.{name}_proj.weight"] = (ours + "attn.qkv.weight", part)
             if qkv_bias:
                 out[hf + f"self_attn.{name}_proj.bias"] = (ours + "attn.qkv.bias", part)
-        pairs = {"self_attn.o_proj": "attn.proj", f"{mlp_prefix}.gate_proj": "mlp.gate",
-                 f"{mlp_prefix}.up_proj": "mlp.fc", f"{mlp_prefix}.down_proj": "mlp.proj"}
+        pairs = {"self_attn.o_proj": "attn.proj"}
+        if cfg.mlp == "moe":  # gpt-oss's experts, tensors as transformers lays them out (rope_lm/experts.py)
+            experts = {"router.weight": "router.weight", "router.bias": "router.bias",
+                       "experts.gate_up_proj": "gate_up", "experts.gate_up_proj_bias": "gate_up_bias",
+                       "experts.down_proj": "down", "experts.down_proj_bias": "down_bias"}
+            for theirs, mine in experts.items():
+                out[hf + f"{mlp_prefix}.{theirs}"] = (ours + f"mlp.{mine}", None)
+        else:
+            pairs.update({f"{mlp_prefix}.gate_proj": "mlp.gate", f"{mlp_prefix}.up_proj": "mlp.fc",
+                          f"{mlp_prefix}.down_proj": "mlp.proj"})
         for theirs, mine in pairs.items():
             out[hf + theirs + ".weight"] = (ours + mine + ".weight", None)
             if cfg.bias:
