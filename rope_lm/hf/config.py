@@ -13,8 +13,8 @@ HF rope_type -> rope-lm method with the same fixed factor (docs/methods.md,
 "Matching Hugging Face"): default -> none, linear -> pi, dynamic ->
 dynamic_ntk, yarn -> yarn, llama3 -> llama3, longrope -> longrope.
 
-The families whose layers differ (SmolLM3, Qwen3, Gemma 3, Cohere2, Llama 4
-dense) are mapped in families.py on top of this module's RoPE mapping;
+The families whose layers differ (SmolLM3, Qwen3, Gemma 3, Cohere2, gpt-oss,
+Llama 4 dense) are mapped in families.py on top of this module's RoPE mapping;
 settings_from_hf and hf_config hand them over.
 """
 

@@ -18,6 +18,11 @@ window, and the method where its type's rope_type asks for one.
     Cohere2    bias-free LayerNorm, one norm feeding attention and MLP in
                parallel, interleaved RoPE on the sliding layers only, NoPE
                global layers, logits times logit_scale
+    gpt-oss    Llama's layers with q/k/v/o biases, learned sink logits, a
+               mixture of experts (rope_lm/experts.py), sliding and full
+               layers alternating
+    Llama 4    its dense form: SmolLM3's layers with interleaved RoPE and
+               the query temperature on the NoPE layers
 """
 
 from dataclasses import dataclass, field

@@ -17,7 +17,7 @@ class HFInfo:
     """Where a model came from and how it was mapped."""
 
     directory: str
-    family: str  # llama | mistral | qwen2 | qwen3 | smollm3 | gemma3 | cohere2 | llama4
+    family: str  # llama | mistral | qwen2 | qwen3 | smollm3 | gemma3 | cohere2 | gpt_oss | llama4
     architecture: str
     settings: dict  # {'model', 'pos', 'scaling', 'train_len', 'vocab_size', ...}: build_model's arguments
     tokenizer_json: str | None  # the text of tokenizer.json, None when the directory has none
