@@ -31,7 +31,8 @@ import math
 from rope_lm.errors import ConfigError
 import torch
 
-from rope_lm.hf.config import _refuse, _rope_scaling_to_hf, rope_parameters, scaling_from_hf
+from rope_lm.hf.rope_params import refuse as _refuse, rope_parameters, rope_scaling_to_hf as _rope_scaling_to_hf, \
+    scaling_from_hf
 
 SLIDING, FULL = "sliding_attention", "full_attention"
 
