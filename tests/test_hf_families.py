@@ -228,7 +228,7 @@ def test_cached_decoding_equals_one_forward(tmp_path, case):
     ("qwen3", {"rope_parameters": {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5}},
      r"partial_rotary_factor=0.5"),
     ("smollm3", {"no_rope_layers": [1, 0]}, r"no_rope_layers of 2 entries for num_hidden_layers=4"),
-    ("llama4", {"moe_layers": [1, 3]}, r"moe_layers=\[1, 3\]: mixture-of-experts MLPs"),
+    ("llama4", {"moe_layers": [1, 3]}, r"moe_layers=\[1, 3\]: Llama 4.s mixture of experts"),
     ("llama4", {"attention_chunk_size": 8}, r"attention_chunk_size=8: chunked attention"),
     ("llama4", {"use_qk_norm": True}, r"use_qk_norm=True: an L2 norm of q and k"),
 ])
@@ -246,7 +246,7 @@ def test_a_llama4_config_without_moe_layers_is_refused_by_its_default(tmp_path):
     config = json.load(open(path))
     del config["moe_layers"]
     json.dump(config, open(path, "w"))
-    with pytest.raises(ConfigError, match=r"moe_layers=None \(its default\): mixture-of-experts"):
+    with pytest.raises(ConfigError, match=r"moe_layers=None \(its default\): Llama 4.s mixture of experts"):
         load_hf(directory)
 
 
@@ -390,3 +390,32 @@ def test_default_options_add_no_modules():
 def test_bad_options_are_refused(change, message):
     with pytest.raises(ConfigError, match=message):
         ModelConfig(vocab_size=50, train_len=16, **change).validate()
+
+
+def test_a_trained_gemma_shaped_layout_exports_through_the_script(tiny_config, tmp_path):
+    """train.py's pipeline trains a rope-lm model with Gemma 3's block and a
+    local/global layout (the model options checked like any other setting);
+    scripts/export_hf.py writes it; transformers reloads it with its logits."""
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+    from rope_lm.pipeline import train_and_evaluate
+    from rope_lm.trained import open_model
+
+    tiny_config["model"].update(
+        n_layer=2, n_head=4, n_kv_head=2, d_model=64, head_dim=16, mlp="geglu", mlp_hidden=96, norm="rms_offset",
+        qk_norm=True, post_norms=True, embed_scale=8.0, attn_scale=0.25, norm_eps=1e-6,
+        layout={"pattern": [{"window": 8, "pos": {"base": 1e4}}, {"pos": {"base": 1e6}}]})
+    tiny_config["trainer"].update(max_steps=2, val_every_n_steps=2, ckpt_every_n_steps=2)
+    train_and_evaluate(tiny_config, str(tmp_path / "run"))
+    out = tmp_path / "exported"
+    result = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "export_hf.py"), f"ckpt={tmp_path / 'run'}",
+                             f"out={out}"], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    config = json.load(open(out / "config.json"))
+    assert config["architectures"] == ["Gemma3ForCausalLM"] and config["query_pre_attn_scalar"] == 16
+    assert config["layer_types"] == [SLIDING, FULL] and config["sliding_window"] == 8
+    model = open_model(str(tmp_path / "run"), "cpu").lit.model.eval()
+    theirs = AutoModelForCausalLM.from_pretrained(str(out), attn_implementation="eager").eval()
+    assert_parity(model, theirs, (40,), "trained Gemma-shaped layout")

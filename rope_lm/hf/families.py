@@ -92,13 +92,13 @@ FAMILIES = {f.arch: f for f in (
     Family("llama4", "Llama4ForCausalLM", "llama4_text", LLAMA_BLOCK, pairing="interleaved", nope="no_rope_layers",
            mlp_prefix="feed_forward", width_key="intermediate_size_mlp", has_windows=False,
            temperature_key="attn_temperature_tuning",
-           fixed={"moe_layers": ([], None, "mixture-of-experts MLPs on these layers (rope-lm's block has one dense "
-                                           "MLP); a missing moe_layers means every layer"),
+           fixed={"moe_layers": ([], None, "Llama 4's mixture of experts on these layers (a routed expert beside a "
+                                           "shared one, not the gpt-oss form of model.mlp=moe); a missing "
+                                           "moe_layers means every layer"),
                   "attention_chunk_size": (None, 8192, "chunked attention on the RoPE layers (a query sees only "
                                                        "its own chunk's keys, not a sliding window)"),
                   "use_qk_norm": (False, True, "an L2 norm of q and k after the rotation on the RoPE layers")}),
 )}
-
 
 
 def _layer_types(config: dict, family: Family, n: int) -> list[str]:
