@@ -171,8 +171,14 @@ def _validate_length(length, method, schemes, active, train_len):
 
 
 MLP_KINDS = ("gelu", "swiglu", "geglu", "moe")
+
+
+def gelu_tanh(x):
+    return F.gelu(x, approximate="tanh")
+
+
 # The gate's activation of each gated kind (geglu: Gemma's tanh-approximated GELU).
-GATES = {"swiglu": F.silu, "geglu": lambda x: F.gelu(x, approximate="tanh")}
+GATES = {"swiglu": F.silu, "geglu": gelu_tanh}
 
 
 class MLP(nn.Module):
@@ -305,8 +311,8 @@ class TransformerLM(nn.Module):
     def rebuild_schemes(self, device="cpu"):
         """Every layer's scheme built afresh on `device`: a model made on the
         meta device gets its schemes' computed buffers (not in a checkpoint)
-        this way. Learned scheme parameters start anew, so call it before
-        loading weights."""
+        this way. A scheme's learned parameters would start anew: for models
+        whose schemes have none (rope, nope: every Hugging Face import)."""
         with torch.device(device):
             self._install_schemes(_layer_schemes(self.layout, self._pos, self.cfg.dims()))
         self.set_scaling(self.scaling)
