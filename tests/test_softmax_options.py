@@ -3,13 +3,17 @@ sink_tokens and sink_logits): each against attention written out by hand
 here, on every kernel that serves it (explicit, SDPA's causal, windowed and
 biased paths, eager flex, a KV cache's steps), gradients included."""
 
+import json
 import math
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
 import yaml
 
-from conftest import ROOT
+from conftest import ROOT, cli_overrides
 from rope_lm import attention
 from rope_lm.attention import AttnPlan, attend, flex_path
 from rope_lm.errors import ConfigError
@@ -295,3 +299,70 @@ def test_config_files_build(name):
     m = model(softmax=softmax)
     with torch.no_grad():
         assert torch.isfinite(m(tokens(20))).all()
+
+
+# --- against transformers' own code -------------------------------------------------
+
+
+def test_sink_logits_equal_transformers_gpt_oss():
+    """gpt-oss's eager attention (the reference its fused kernels follow)."""
+    from types import SimpleNamespace
+
+    from transformers.models.gpt_oss.modeling_gpt_oss import eager_attention_forward
+
+    T = 18
+    q, k, v = qkv(T, seed=4)
+    k, v = k[:, :2], v[:, :2]  # grouped: 2 key/value heads for 4 query heads
+    causal = torch.zeros(T, T).masked_fill(~streaming_mask(T, T, 0), float("-inf"))[None, None]
+    module = SimpleNamespace(sinks=SINKS, num_key_value_groups=2, training=False)
+    want, _ = eager_attention_forward(module, q, k, v, causal, scaling=8 ** -0.5)
+    scheme = build_scheme({"name": "nope"}, DIMS)
+    with torch.no_grad():
+        for kernel in ("explicit", "sdpa"):
+            got = attend(q, k, v, scheme, 0, torch.arange(T), AttnPlan(sink_logits=SINKS), ctx(), kernel)
+            torch.testing.assert_close(got.transpose(1, 2), want, atol=1e-5, rtol=1e-4)
+
+
+def test_temperature_equals_transformers_llama4_on_a_nope_layer():
+    """Llama4TextAttention on a NoPE layer (no_rope_layers[0] = 0) with
+    attn_temperature_tuning, our attention layer on the same weights."""
+    from transformers import Llama4TextConfig
+    from transformers.models.llama4.modeling_llama4 import Llama4TextAttention
+
+    T, floor_scale, attn_scale = 26, 4, 0.3
+    hf_cfg = Llama4TextConfig(hidden_size=32, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                              intermediate_size=64, intermediate_size_mlp=64, num_hidden_layers=1, no_rope_layers=[0],
+                              attn_temperature_tuning=True, floor_scale=floor_scale, attn_scale=attn_scale,
+                              use_qk_norm=False, attention_bias=False)
+    hf_cfg._attn_implementation = "eager"
+    torch.manual_seed(0)
+    hf = Llama4TextAttention(hf_cfg, 0).eval()
+    m = model(softmax={"temperature": {"floor_scale": floor_scale, "attn_scale": attn_scale}})
+    attn = m.blocks[0].attn
+    with torch.no_grad():
+        attn.qkv.weight.copy_(torch.cat((hf.q_proj.weight, hf.k_proj.weight, hf.v_proj.weight)))
+        attn.proj.weight.copy_(hf.o_proj.weight)
+        x = torch.randn(2, T, 32)
+        causal = torch.zeros(T, T).masked_fill(~streaming_mask(T, T, 0), float("-inf"))[None, None]
+        want, _ = hf(x, position_embeddings=None, attention_mask=causal)
+        got = attn(x, m._layer_schemes[0], torch.arange(T), AttnPlan(), m.context(T))
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
+
+
+def test_a_run_with_the_options_trains_and_evaluates(tiny_data_options, tmp_path):
+    """One command: Llama 4's layout with its temperature, SSMax and learned
+    sinks on every layer, evaluated past L with StreamingLLM's sinks."""
+    run = tmp_path / "run"
+    args = [a.replace("model.n_layer=2", "model.n_layer=4") for a in cli_overrides(tiny_data_options, run)]
+    done = subprocess.run([sys.executable, "train.py", "+layout=llama4", "+softmax=[ssmax,sink_logits]",
+                           "scaling=streaming_llm", *args, "trainer.max_steps=6", "trainer.val_every_n_steps=3",
+                           "trainer.ckpt_every_n_steps=3"],
+                          cwd=ROOT, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": ROOT})
+    assert done.returncode == 0, done.stderr[-3000:]
+    with open(run / "results.json") as f:
+        results = json.load(f)
+    model_config = results["config"]["model"]
+    assert model_config["softmax"] == {"ssmax": {"init": "auto"}, "sink_logits": True}
+    assert model_config["layout"]["name"] == "llama4"
+    assert {r["method"] for r in results["results"]} == {"window-sinks4"}
+    assert all(r["ppl"] > 0 for r in results["results"]) and max(r["length"] for r in results["results"]) > 16
