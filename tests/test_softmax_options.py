@@ -18,7 +18,7 @@ from rope_lm import attention
 from rope_lm.attention import AttnPlan, attend, flex_path
 from rope_lm.errors import ConfigError
 from rope_lm.kv_cache import KVCache
-from rope_lm.model import ModelConfig, TransformerLM
+from rope_lm.model import ModelConfig, TransformerLM, check_fit
 from rope_lm.positional import Dims, PosContext, build_scheme
 from rope_lm.scaling import build_scaling, method_label
 
@@ -26,16 +26,18 @@ L = 16
 DIMS = Dims(d_model=32, n_head=4, head_dim=8, n_layer=2, train_len=L)
 
 
-def by_hand(q, k, v, allowed, sink=None, bias=None):
+def by_hand(q, k, v, allowed, sink=None, bias=None, far=None):
     """softmax(q k^T / sqrt(D) + bias) v over the allowed pairs, with a sink
-    logit per head in the denominator: exp(s_ij) / (sum_j exp(s_ij) + exp(sink_h))."""
+    logit per head in the denominator: exp(s_ij) / (sum_j exp(s_ij) + exp(sink_h));
+    far = (queries, distance): from that i - j on, the logit takes those queries."""
     B, H, T, D = q.shape
     out = torch.zeros(B, H, T, v.shape[-1], dtype=torch.float64)
     q, k, v = q.double(), k.double(), v.double()
     for b in range(B):
         for h in range(H):
             for i in range(T):
-                logits = {j: float(q[b, h, i] @ k[b, h, j]) / math.sqrt(D) + (0.0 if bias is None else float(bias[h, i, j]))
+                row = lambda j: q[b, h, i] if far is None or i - j < far[1] else far[0].double()[b, h, i]
+                logits = {j: float(row(j) @ k[b, h, j]) / math.sqrt(D) + (0.0 if bias is None else float(bias[h, i, j]))
                           for j in range(k.shape[2]) if allowed[i, j]}
                 top = max(list(logits.values()) + ([float(sink[h])] if sink is not None else []))
                 weights = {j: math.exp(x - top) for j, x in logits.items()}
@@ -117,6 +119,33 @@ def test_sink_gradients_on_sdpa_equal_the_explicit_path(window):
     assert grads[0][0].abs().min() > 0
 
 
+def test_streaming_llm_reads_the_sinks_from_just_before_the_window():
+    """sink_positions=cache: a query past window + sinks reads sink j at index
+    distance w + k - 1 - j (StreamingLLM's rolling cache), a query before
+    that at its own distance; keys in the window at their own distance."""
+    T, w, n_sinks = 20, 5, 2
+    scheme = build_scheme({"name": "rope"}, DIMS)
+    method = build_scaling({"name": "window", "window": w, "sinks": n_sinks})
+    c = PosContext(seq_len=T, train_len=L, scaling=method)
+    pos = torch.arange(T)
+    plan = method.attention_plan(pos, c)
+    q, k, v = qkv(T, seed=6)
+    qr, kr = scheme.rotate(q, k, pos, pos, 0, c)
+    slot = torch.tensor([min(i, w + n_sinks - 1) for i in range(T)])
+    q_far, _ = scheme.rotate(q, k, slot, pos, 0, c)
+    want = by_hand(qr, kr, v, streaming_mask(T, w, n_sinks), far=(q_far, w))
+    with torch.no_grad():
+        for kernel in ("explicit", "sdpa"):
+            torch.testing.assert_close(attend(q, k, v, scheme, 0, pos, plan, c, kernel), want, atol=1e-5, rtol=1e-4)
+        text = build_scaling({"name": "window", "window": w, "sinks": n_sinks, "sink_positions": "text"})
+        plain = attend(q, k, v, scheme, 0, pos, text.attention_plan(pos, c), c, "sdpa")
+        torch.testing.assert_close(plain, by_hand(qr, kr, v, streaming_mask(T, w, n_sinks)), atol=1e-5, rtol=1e-4)
+        assert not torch.allclose(plain, want)
+    with pytest.raises(ConfigError, match="sink_positions=text"):
+        check_fit(config(), {"name": "alibi"}, {"name": "window", "window": w, "sinks": n_sinks}, 40)
+    check_fit(config(), {"name": "alibi"}, {"name": "window", "window": w, "sinks": 2, "sink_positions": "text"}, 40)
+
+
 def test_window_method_sinks_and_their_label():
     m = build_scaling({"name": "window", "window": 8, "sinks": 4})
     c = PosContext(seq_len=40, train_len=L, scaling=m)
@@ -125,6 +154,7 @@ def test_window_method_sinks_and_their_label():
     assert m.attention_plan(torch.arange(12), c).window is None  # window + sinks cover every key
     assert m.attention_plan(torch.arange(13), c).window == 8
     assert method_label({"name": "window", "window": 8, "sinks": 4, "logn": True}) == "window-sinks4+logn"
+    assert method_label({"name": "window", "sinks": 4, "sink_positions": "text"}) == "window-sinks4-text"
     assert method_label({"name": "window"}) == "window"
     # log-n counts the sink tokens among the keys in view: n = min(i + 1, window + sinks)
     m = build_scaling({"name": "window", "window": 8, "sinks": 4, "logn": True})
@@ -132,6 +162,8 @@ def test_window_method_sinks_and_their_label():
     torch.testing.assert_close(scale[-1], torch.tensor(math.log(12) / math.log(4)))
     with pytest.raises(ConfigError, match="scaling.sinks"):
         build_scaling({"name": "window", "sinks": -1})
+    with pytest.raises(ConfigError, match="scaling.sink_positions"):
+        build_scaling({"name": "window", "sinks": 4, "sink_positions": "cached"})
     with open(f"{ROOT}/conf/scaling/streaming_llm.yaml") as f:
         assert build_scaling(yaml.safe_load(f)).sinks == 4
 
@@ -252,6 +284,8 @@ def test_cached_decoding_equals_one_forward(options, pos):
     in every step's softmax."""
     options = dict(options)
     scaling = options.pop("scaling", None)
+    if scaling and pos != "rope":  # only a rotation re-reads the sinks at cache positions
+        scaling = {**scaling, "sink_positions": "text"}
     m = model(pos=pos, scaling=scaling, **options)
     idx = tokens(30)
     with torch.no_grad():
