@@ -400,3 +400,24 @@ def test_a_run_with_the_options_trains_and_evaluates(tiny_data_options, tmp_path
     assert model_config["layout"]["name"] == "llama4"
     assert {r["method"] for r in results["results"]} == {"window-sinks4"}
     assert all(r["ppl"] > 0 for r in results["results"]) and max(r["length"] for r in results["results"]) > 16
+
+
+def test_diagnostics_see_the_tuned_softmax():
+    """Attention probabilities for diagnostics (rope_lm/diagnostics.py) are
+    those of the tuned softmax: they reproduce each layer's output, and the
+    sinks take weight (rows sum to less than one)."""
+    from rope_lm import diagnostics
+
+    m = model(pos="rope", softmax={"ssmax": {"init": 0.7}, "sink_logits": True,
+                                   "temperature": {"floor_scale": 3, "attn_scale": 0.5}})
+    actual, mine = {}, {}
+    hooks = [b.attn.register_forward_hook(lambda mod, a, o: actual.__setitem__(mod.layer, o)) for b in m.blocks]
+    try:
+        with torch.no_grad(), diagnostics.on_attention(m, lambda layer, p, out: mine.__setitem__(layer, (p, out))):
+            m(tokens(24))
+    finally:
+        for h in hooks:
+            h.remove()
+    for layer, (probs, out) in mine.items():
+        torch.testing.assert_close(out, actual[layer], atol=2e-5, rtol=1e-4)
+        assert float(probs.sum(-1).max()) < 1

@@ -19,6 +19,7 @@ import math
 import torch
 
 from rope_lm.errors import ConfigError
+from rope_lm.softmax_options import SoftmaxOptions
 
 FAMILIES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "Qwen2ForCausalLM": "qwen2"}
 
@@ -254,6 +255,10 @@ def hf_config(model) -> dict:
         _refuse(f"pos.rotary_fraction rotates {scheme.rot_dim} of {cfg.head_size} channels; Llama rotates all.")
     if cfg.mlp != "swiglu":
         _refuse(f"model.mlp={cfg.mlp}; transformers' Llama has a SwiGLU MLP (model.mlp=swiglu).")
+    tuned = [b.attn.layer for b in model.blocks if b.attn.softmax != SoftmaxOptions()]
+    if tuned:
+        _refuse(f"model.softmax (query temperature, SSMax or sink logits) acts on layers {tuned}; transformers' "
+                f"Llama and Qwen2 have plain softmax attention.")
     qkv_bias = cfg.bias if cfg.qkv_bias is None else cfg.qkv_bias
     if qkv_bias and not cfg.bias:
         arch, model_type = "Qwen2ForCausalLM", "qwen2"
