@@ -233,14 +233,20 @@ class Attention(nn.Module):
             q = q * self.q_factor
         return q, k, v
 
-    def forward(self, x, scheme, pos, plan, ctx, cache=None):
-        B, T, _ = x.shape
-        q, k, v = self.split_qkv(x)
-        scale = softmax_options.query_scale(self.softmax, self.ssmax, pos.shape[0], T, plan, x.device)
+    def tune_softmax(self, q, pos, plan):
+        """q (B, H, t, D), the last t of len(pos) queries, scaled by this
+        layer's temperature and SSMax, and the plan with its sink logits."""
+        scale = softmax_options.query_scale(self.softmax, self.ssmax, pos.shape[0], q.shape[2], plan, q.device)
         if scale is not None:
             q = (q * scale).to(q.dtype)
         if self.sinks is not None:
             plan = replace(plan, sink_logits=self.sinks)
+        return q, plan
+
+    def forward(self, x, scheme, pos, plan, ctx, cache=None):
+        B, T, _ = x.shape
+        q, k, v = self.split_qkv(x)
+        q, plan = self.tune_softmax(q, pos, plan)
         if cache is None:
             y = attend(q, k, v, scheme, self.layer, pos, plan, ctx, self.kernel)
         else:

@@ -3,18 +3,22 @@ sink_tokens and sink_logits): each against attention written out by hand
 here, on every kernel that serves it (explicit, SDPA's causal, windowed and
 biased paths, eager flex, a KV cache's steps), gradients included."""
 
+import json
 import math
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
 import yaml
 
-from conftest import ROOT
+from conftest import ROOT, cli_overrides
 from rope_lm import attention
 from rope_lm.attention import AttnPlan, attend, flex_path
 from rope_lm.errors import ConfigError
 from rope_lm.kv_cache import KVCache
-from rope_lm.model import ModelConfig, TransformerLM
+from rope_lm.model import ModelConfig, TransformerLM, check_fit
 from rope_lm.positional import Dims, PosContext, build_scheme
 from rope_lm.scaling import build_scaling, method_label
 
@@ -22,16 +26,18 @@ L = 16
 DIMS = Dims(d_model=32, n_head=4, head_dim=8, n_layer=2, train_len=L)
 
 
-def by_hand(q, k, v, allowed, sink=None, bias=None):
+def by_hand(q, k, v, allowed, sink=None, bias=None, far=None):
     """softmax(q k^T / sqrt(D) + bias) v over the allowed pairs, with a sink
-    logit per head in the denominator: exp(s_ij) / (sum_j exp(s_ij) + exp(sink_h))."""
+    logit per head in the denominator: exp(s_ij) / (sum_j exp(s_ij) + exp(sink_h));
+    far = (queries, distance): from that i - j on, the logit takes those queries."""
     B, H, T, D = q.shape
     out = torch.zeros(B, H, T, v.shape[-1], dtype=torch.float64)
     q, k, v = q.double(), k.double(), v.double()
     for b in range(B):
         for h in range(H):
             for i in range(T):
-                logits = {j: float(q[b, h, i] @ k[b, h, j]) / math.sqrt(D) + (0.0 if bias is None else float(bias[h, i, j]))
+                row = lambda j: q[b, h, i] if far is None or i - j < far[1] else far[0].double()[b, h, i]
+                logits = {j: float(row(j) @ k[b, h, j]) / math.sqrt(D) + (0.0 if bias is None else float(bias[h, i, j]))
                           for j in range(k.shape[2]) if allowed[i, j]}
                 top = max(list(logits.values()) + ([float(sink[h])] if sink is not None else []))
                 weights = {j: math.exp(x - top) for j, x in logits.items()}
@@ -113,6 +119,33 @@ def test_sink_gradients_on_sdpa_equal_the_explicit_path(window):
     assert grads[0][0].abs().min() > 0
 
 
+def test_streaming_llm_reads_the_sinks_from_just_before_the_window():
+    """sink_positions=cache: a query past window + sinks reads sink j at index
+    distance w + k - 1 - j (StreamingLLM's rolling cache), a query before
+    that at its own distance; keys in the window at their own distance."""
+    T, w, n_sinks = 20, 5, 2
+    scheme = build_scheme({"name": "rope"}, DIMS)
+    method = build_scaling({"name": "window", "window": w, "sinks": n_sinks})
+    c = PosContext(seq_len=T, train_len=L, scaling=method)
+    pos = torch.arange(T)
+    plan = method.attention_plan(pos, c)
+    q, k, v = qkv(T, seed=6)
+    qr, kr = scheme.rotate(q, k, pos, pos, 0, c)
+    slot = torch.tensor([min(i, w + n_sinks - 1) for i in range(T)])
+    q_far, _ = scheme.rotate(q, k, slot, pos, 0, c)
+    want = by_hand(qr, kr, v, streaming_mask(T, w, n_sinks), far=(q_far, w))
+    with torch.no_grad():
+        for kernel in ("explicit", "sdpa"):
+            torch.testing.assert_close(attend(q, k, v, scheme, 0, pos, plan, c, kernel), want, atol=1e-5, rtol=1e-4)
+        text = build_scaling({"name": "window", "window": w, "sinks": n_sinks, "sink_positions": "text"})
+        plain = attend(q, k, v, scheme, 0, pos, text.attention_plan(pos, c), c, "sdpa")
+        torch.testing.assert_close(plain, by_hand(qr, kr, v, streaming_mask(T, w, n_sinks)), atol=1e-5, rtol=1e-4)
+        assert not torch.allclose(plain, want)
+    with pytest.raises(ConfigError, match="sink_positions=text"):
+        check_fit(config(), {"name": "alibi"}, {"name": "window", "window": w, "sinks": n_sinks}, 40)
+    check_fit(config(), {"name": "alibi"}, {"name": "window", "window": w, "sinks": 2, "sink_positions": "text"}, 40)
+
+
 def test_window_method_sinks_and_their_label():
     m = build_scaling({"name": "window", "window": 8, "sinks": 4})
     c = PosContext(seq_len=40, train_len=L, scaling=m)
@@ -121,6 +154,7 @@ def test_window_method_sinks_and_their_label():
     assert m.attention_plan(torch.arange(12), c).window is None  # window + sinks cover every key
     assert m.attention_plan(torch.arange(13), c).window == 8
     assert method_label({"name": "window", "window": 8, "sinks": 4, "logn": True}) == "window-sinks4+logn"
+    assert method_label({"name": "window", "sinks": 4, "sink_positions": "text"}) == "window-sinks4-text"
     assert method_label({"name": "window"}) == "window"
     # log-n counts the sink tokens among the keys in view: n = min(i + 1, window + sinks)
     m = build_scaling({"name": "window", "window": 8, "sinks": 4, "logn": True})
@@ -128,6 +162,8 @@ def test_window_method_sinks_and_their_label():
     torch.testing.assert_close(scale[-1], torch.tensor(math.log(12) / math.log(4)))
     with pytest.raises(ConfigError, match="scaling.sinks"):
         build_scaling({"name": "window", "sinks": -1})
+    with pytest.raises(ConfigError, match="scaling.sink_positions"):
+        build_scaling({"name": "window", "sinks": 4, "sink_positions": "cached"})
     with open(f"{ROOT}/conf/scaling/streaming_llm.yaml") as f:
         assert build_scaling(yaml.safe_load(f)).sinks == 4
 
@@ -248,6 +284,8 @@ def test_cached_decoding_equals_one_forward(options, pos):
     in every step's softmax."""
     options = dict(options)
     scaling = options.pop("scaling", None)
+    if scaling and pos != "rope":  # only a rotation re-reads the sinks at cache positions
+        scaling = {**scaling, "sink_positions": "text"}
     m = model(pos=pos, scaling=scaling, **options)
     idx = tokens(30)
     with torch.no_grad():
@@ -295,3 +333,91 @@ def test_config_files_build(name):
     m = model(softmax=softmax)
     with torch.no_grad():
         assert torch.isfinite(m(tokens(20))).all()
+
+
+# --- against transformers' own code -------------------------------------------------
+
+
+def test_sink_logits_equal_transformers_gpt_oss():
+    """gpt-oss's eager attention (the reference its fused kernels follow)."""
+    from types import SimpleNamespace
+
+    from transformers.models.gpt_oss.modeling_gpt_oss import eager_attention_forward
+
+    T = 18
+    q, k, v = qkv(T, seed=4)
+    k, v = k[:, :2], v[:, :2]  # grouped: 2 key/value heads for 4 query heads
+    causal = torch.zeros(T, T).masked_fill(~streaming_mask(T, T, 0), float("-inf"))[None, None]
+    module = SimpleNamespace(sinks=SINKS, num_key_value_groups=2, training=False)
+    want, _ = eager_attention_forward(module, q, k, v, causal, scaling=8 ** -0.5)
+    scheme = build_scheme({"name": "nope"}, DIMS)
+    with torch.no_grad():
+        for kernel in ("explicit", "sdpa"):
+            got = attend(q, k, v, scheme, 0, torch.arange(T), AttnPlan(sink_logits=SINKS), ctx(), kernel)
+            torch.testing.assert_close(got.transpose(1, 2), want, atol=1e-5, rtol=1e-4)
+
+
+def test_temperature_equals_transformers_llama4_on_a_nope_layer():
+    """Llama4TextAttention on a NoPE layer (no_rope_layers[0] = 0) with
+    attn_temperature_tuning, our attention layer on the same weights."""
+    from transformers import Llama4TextConfig
+    from transformers.models.llama4.modeling_llama4 import Llama4TextAttention
+
+    T, floor_scale, attn_scale = 26, 4, 0.3
+    hf_cfg = Llama4TextConfig(hidden_size=32, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                              intermediate_size=64, intermediate_size_mlp=64, num_hidden_layers=1, no_rope_layers=[0],
+                              attn_temperature_tuning=True, floor_scale=floor_scale, attn_scale=attn_scale,
+                              use_qk_norm=False, attention_bias=False)
+    hf_cfg._attn_implementation = "eager"
+    torch.manual_seed(0)
+    hf = Llama4TextAttention(hf_cfg, 0).eval()
+    m = model(softmax={"temperature": {"floor_scale": floor_scale, "attn_scale": attn_scale}})
+    attn = m.blocks[0].attn
+    with torch.no_grad():
+        attn.qkv.weight.copy_(torch.cat((hf.q_proj.weight, hf.k_proj.weight, hf.v_proj.weight)))
+        attn.proj.weight.copy_(hf.o_proj.weight)
+        x = torch.randn(2, T, 32)
+        causal = torch.zeros(T, T).masked_fill(~streaming_mask(T, T, 0), float("-inf"))[None, None]
+        want, _ = hf(x, position_embeddings=None, attention_mask=causal)
+        got = attn(x, m._layer_schemes[0], torch.arange(T), AttnPlan(), m.context(T))
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
+
+
+def test_a_run_with_the_options_trains_and_evaluates(tiny_data_options, tmp_path):
+    """One command: Llama 4's layout with its temperature, SSMax and learned
+    sinks on every layer, evaluated past L with StreamingLLM's sinks."""
+    run = tmp_path / "run"
+    args = [a.replace("model.n_layer=2", "model.n_layer=4") for a in cli_overrides(tiny_data_options, run)]
+    done = subprocess.run([sys.executable, "train.py", "+layout=llama4", "+softmax=[ssmax,sink_logits]",
+                           "scaling=streaming_llm", *args, "trainer.max_steps=6", "trainer.val_every_n_steps=3",
+                           "trainer.ckpt_every_n_steps=3"],
+                          cwd=ROOT, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": ROOT})
+    assert done.returncode == 0, done.stderr[-3000:]
+    with open(run / "results.json") as f:
+        results = json.load(f)
+    model_config = results["config"]["model"]
+    assert model_config["softmax"] == {"ssmax": {"init": "auto"}, "sink_logits": True}
+    assert model_config["layout"]["name"] == "llama4"
+    assert {r["method"] for r in results["results"]} == {"window-sinks4"}
+    assert all(r["ppl"] > 0 for r in results["results"]) and max(r["length"] for r in results["results"]) > 16
+
+
+def test_diagnostics_see_the_tuned_softmax():
+    """Attention probabilities for diagnostics (rope_lm/diagnostics.py) are
+    those of the tuned softmax: they reproduce each layer's output, and the
+    sinks take weight (rows sum to less than one)."""
+    from rope_lm import diagnostics
+
+    m = model(pos="rope", softmax={"ssmax": {"init": 0.7}, "sink_logits": True,
+                                   "temperature": {"floor_scale": 3, "attn_scale": 0.5}})
+    actual, mine = {}, {}
+    hooks = [b.attn.register_forward_hook(lambda mod, a, o: actual.__setitem__(mod.layer, o)) for b in m.blocks]
+    try:
+        with torch.no_grad(), diagnostics.on_attention(m, lambda layer, p, out: mine.__setitem__(layer, (p, out))):
+            m(tokens(24))
+    finally:
+        for h in hooks:
+            h.remove()
+    for layer, (probs, out) in mine.items():
+        torch.testing.assert_close(out, actual[layer], atol=2e-5, rtol=1e-4)
+        assert float(probs.sum(-1).max()) < 1

@@ -27,6 +27,7 @@ from rope_lm.errors import ConfigError
 from rope_lm.hf.families import FAMILIES as LAYERED, exporting_family, hf_config as layered_hf_config, settings
 from rope_lm.hf.rope_params import (check_shape as _check_shape, refuse as _refuse, rope_parameters,
                                     rope_scaling_to_hf as _rope_scaling_to_hf, scaling_from_hf)
+from rope_lm.softmax_options import SoftmaxOptions
 
 FAMILIES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "Qwen2ForCausalLM": "qwen2"}
 
@@ -144,6 +145,10 @@ def hf_config(model) -> dict:
         _refuse(f"pos.p_rope={scheme.p_rope} zeroes RoPE's lowest frequencies; transformers' Llama rotates all of them.")
     if cfg.mlp != "swiglu":
         _refuse(f"model.mlp={cfg.mlp}; transformers' Llama has a SwiGLU MLP (model.mlp=swiglu).")
+    tuned = [b.attn.layer for b in model.blocks if b.attn.softmax != SoftmaxOptions()]
+    if tuned:
+        _refuse(f"model.softmax (query temperature, SSMax or sink logits) acts on layers {tuned}; transformers' "
+                f"Llama and Qwen2 have plain softmax attention.")
     qkv_bias = cfg.bias if cfg.qkv_bias is None else cfg.qkv_bias
     if qkv_bias and not cfg.bias:
         arch, model_type = "Qwen2ForCausalLM", "qwen2"
