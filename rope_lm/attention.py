@@ -64,6 +64,12 @@ class AttnPlan:
     alt_q_pos: torch.Tensor | None = None
     alt_k_pos: torch.Tensor | None = None
     alt_from: int | None = None
+    # StreamingLLM's attention sinks: under a window, keys 0..sink_tokens-1
+    # stay visible to every query.
+    sink_tokens: int = 0
+    # gpt-oss's learned sinks: (H,) logits that join each query's softmax
+    # denominator with no value (rope_lm/softmax_options.py).
+    sink_logits: torch.Tensor | None = None
 
     @property
     def two_pass(self) -> bool:
@@ -158,16 +164,61 @@ def _mask(T_q0, T_q1, T_k, plan, device, k0=0):
     j = torch.arange(k0, T_k, device=device)[None, :]
     allowed = j <= i
     if plan.window:
-        allowed = allowed & (i - j < plan.window)
+        near = i - j < plan.window
+        allowed = allowed & (near | (j < plan.sink_tokens) if plan.sink_tokens else near)
     return allowed
+
+
+def _window_keys(s, e, plan, device):
+    """The keys a block of queries s..e-1 can see: (first key, index tensor
+    or None). Under a window, keys before the first query's window are
+    dropped (a sliding-window layer costs T x (window + block), not T x T);
+    with sink tokens the first ones are kept too, as an index tensor."""
+    k0 = max(0, s - plan.window + 1) if plan.window else 0
+    if not plan.sink_tokens:
+        return k0, None
+    if k0 <= plan.sink_tokens:
+        return 0, None
+    return k0, torch.cat((torch.arange(plan.sink_tokens, device=device), torch.arange(k0, e, device=device)))
+
+
+def _with_sink_key(q, k, v, sink):
+    """q (B, h, t, D), k and v (B, h, s, D) and a key 0 prepended whose logit
+    is ``sink`` (broadcast to (B, h, t, 1)) for every query and whose value is
+    zero. The sink rides in an extra query channel that meets 1 / scale in
+    the sink key's and 0 in every other key's, so a fused kernel computes the
+    gpt-oss softmax exactly, gradients to the sink included. Channels are
+    padded to a multiple of 8 (what CUDA's fused kernels take); pass
+    scale=1 / sqrt(D) to SDPA."""
+    B, h, t, D = q.shape
+    pad = 8 - D % 8
+    col = sink.to(q.dtype).expand(B, h, t, 1)
+    q = torch.cat((q, col, q.new_zeros(B, h, t, pad - 1)), -1)
+    k = F.pad(k, (0, pad))
+    key = k.new_zeros(B, k.shape[1], 1, D + pad)
+    key[..., D] = math.sqrt(D)
+    k = torch.cat((key, k), 2)
+    v = torch.cat((v.new_zeros(B, v.shape[1], 1, v.shape[3]), v), 2)
+    return q, k, v
+
+
+def _sink_column(plan, H):
+    return plan.sink_logits.reshape(1, H, 1, 1)
 
 
 def sdpa_path(q, k, v, scheme, layer, pos, plan, ctx):
     k, v = match_heads(q, k, v)
     B, H, T, D = q.shape
+    sinks = plan.sink_logits is not None
     if not scheme.has_bias and not plan.window:
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
-    if scheme.has_bias and _distance_path_allowed(q, k, v):
+        if not sinks:
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        # A query row in front that no one reads keeps causal SDPA aligned:
+        # query i + 1 sees the sink (key 0) and keys 0..i (keys 1..i + 1).
+        qs, ks, vs = _with_sink_key(q, k, v, _sink_column(plan, H))
+        qs = F.pad(qs, (0, 0, 1, 0))
+        return F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=1 / math.sqrt(D))[:, :, 1:]
+    if scheme.has_bias and not sinks and not plan.sink_tokens and _distance_path_allowed(q, k, v):
         table = distance_bias.padded_table(scheme, layer, pos, plan, ctx, q.dtype)
         if table is not None:
             return distance_bias.toeplitz_attention(q, k, v, table, plan)
@@ -176,19 +227,24 @@ def sdpa_path(q, k, v, scheme, layer, pos, plan, ctx):
             return out
     out = []
     for s, e in _query_blocks(B, H, T):
-        # Keys after the last query of the block are all masked, and under a
-        # window so are those before its first query's window: drop them, so
-        # a sliding-window layer costs T x (window + block), not T x T.
-        k0 = max(0, s - plan.window + 1) if plan.window else 0
-        mask = torch.zeros(e - s, e - k0, dtype=q.dtype, device=q.device)
-        mask = mask.masked_fill(~_mask(s, e, e, plan, q.device, k0), float("-inf"))
+        # Keys after the last query of the block are all masked, and so are
+        # those out of every window of the block (_window_keys).
+        k0, keys = _window_keys(s, e, plan, q.device)
+        kb, vb, kpos = (k[:, :, k0:e], v[:, :, k0:e], pos[k0:e]) if keys is None else (
+            k[:, :, keys], v[:, :, keys], pos[keys])
+        allowed = _mask(s, e, e, plan, q.device, k0) if keys is None else _mask(s, e, e, plan, q.device)[:, keys]
+        mask = torch.zeros(allowed.shape, dtype=q.dtype, device=q.device).masked_fill(~allowed, float("-inf"))
         if scheme.has_bias:
             # A 4-D (B, H, ...) mask: torch's CPU SDPA takes its fused kernel
             # for 2-D and 4-D masks but falls back to the slow math path for
             # a 3-D (H, Tq, Tk) one (7x slower measured at T=128).
-            bias = scheme.bias(layer, pos[s:e], pos[k0:e], ctx).to(q.dtype)
-            mask = (mask + bias).expand(B, H, e - s, e - k0)
-        out.append(F.scaled_dot_product_attention(q[:, :, s:e], k[:, :, k0:e], v[:, :, k0:e], attn_mask=mask))
+            bias = scheme.bias(layer, pos[s:e], kpos, ctx).to(q.dtype)
+            mask = (mask + bias).expand(B, H, *allowed.shape)
+        qb = q[:, :, s:e]
+        if sinks:
+            qb, kb, vb = _with_sink_key(qb, kb, vb, _sink_column(plan, H))
+            mask = F.pad(mask, (1, 0))
+        out.append(F.scaled_dot_product_attention(qb, kb, vb, attn_mask=mask, scale=1 / math.sqrt(D) if sinks else None))
     return torch.cat(out, dim=2)
 
 
@@ -246,8 +302,11 @@ def _block_probs(prepared, scheme, layer, pos, plan, ctx, s, e, q0=0):
     extra = scheme.content_scores(layer, q[:, :, rows], k[:, :, :e], pos[s:e], pos[:e], ctx)
     if extra is not None:
         scores = scores + extra
-    scores = scores.masked_fill(~_mask(s, e, e, plan, q.device), float("-inf"))
-    return torch.softmax(scores.float(), dim=-1)
+    scores = scores.masked_fill(~_mask(s, e, e, plan, q.device), float("-inf")).float()
+    if plan.sink_logits is None:
+        return torch.softmax(scores, dim=-1)
+    sink = plan.sink_logits.float().reshape(1, -1, 1, 1).expand(*scores.shape[:-1], 1)
+    return torch.softmax(torch.cat((scores, sink), -1), dim=-1)[..., :-1]
 
 
 def attention_probs(q, k, scheme, layer, pos, plan, ctx) -> torch.Tensor:
@@ -306,8 +365,13 @@ def _offset_sdpa(q, k, v, scheme, layer, pos, plan, ctx, q0):
     Hkv = k.shape[1]
     G = H // Hkv
     out = []
+    sinks = plan.sink_logits is not None
     for s, e in _query_blocks(B, H, t, offset=q0):
         qb = q[:, :, s - q0:e - q0].reshape(B, Hkv, G * (e - s), D)
+        kb, vb = k[:, :, :e], v[:, :, :e]
+        if sinks:  # per query head, so per (group, query) row of the folded layout
+            col = plan.sink_logits.reshape(1, Hkv, G, 1, 1).expand(1, Hkv, G, e - s, 1)
+            qb, kb, vb = _with_sink_key(qb, kb, vb, col.reshape(1, Hkv, G * (e - s), 1))
         mask = None
         if scheme.has_bias or plan.window or e - s > 1:
             mask = torch.zeros(e - s, e, dtype=q.dtype, device=q.device)
@@ -317,7 +381,9 @@ def _offset_sdpa(q, k, v, scheme, layer, pos, plan, ctx, q0):
                 mask = mask.reshape(1, Hkv, G * (e - s), e)
             else:
                 mask = mask.repeat(G, 1)
-        y = F.scaled_dot_product_attention(qb, k[:, :, :e], v[:, :, :e], attn_mask=mask)
+            if sinks:
+                mask = F.pad(mask, (1, 0))
+        y = F.scaled_dot_product_attention(qb, kb, vb, attn_mask=mask, scale=1 / math.sqrt(D) if sinks else None)
         out.append(y.reshape(B, H, e - s, D))
     return torch.cat(out, dim=2)
 
@@ -336,16 +402,17 @@ def _flex_fn(compiled: bool):
     return _compiled_flex
 
 
-def _block_mask(T, window, device, ctx):
+def _block_mask(T, window, device, ctx, sink_tokens=0):
     from torch.nn.attention.flex_attention import create_block_mask
 
-    key = ("flex_block_mask", T, window, str(device))
+    key = ("flex_block_mask", T, window, sink_tokens, str(device))
     if key not in ctx.cache:
 
         def mask_mod(b, h, q_idx, kv_idx):
             allowed = kv_idx <= q_idx
             if window:
-                allowed = allowed & (q_idx - kv_idx < window)
+                near = q_idx - kv_idx < window
+                allowed = allowed & ((near | (kv_idx < sink_tokens)) if sink_tokens else near)
             return allowed
 
         ctx.cache[key] = create_block_mask(mask_mod, None, None, T, T, device=device)
@@ -362,13 +429,11 @@ def flex_path(q, k, v, scheme, layer, pos, plan, ctx, compiled: bool = True):
         score_mod = scheme.score_mod(layer, pos, ctx)
         if score_mod is None:
             return None
-    block_mask = _block_mask(q.shape[2], plan.window, q.device, ctx)
-    if not compiled:
-        return _flex_fn(False)(q, k, v, score_mod=score_mod, block_mask=block_mask)
+    block_mask = _block_mask(q.shape[2], plan.window, q.device, ctx, plan.sink_tokens)
     try:
-        return _flex_fn(True)(q, k, v, score_mod=score_mod, block_mask=block_mask)
+        return _flex_with_sinks(_flex_fn(compiled), q, k, v, score_mod, block_mask, plan)
     except Exception as e:
-        if torch.compiler.is_compiling():
+        if not compiled or torch.compiler.is_compiling():
             raise
         # Remembered on this scheme instance (this model) only: no C++ compiler
         # or Triton on that device, or a score_mod it cannot lower.
@@ -376,3 +441,16 @@ def flex_path(q, k, v, scheme, layer, pos, plan, ctx, compiled: bool = True):
         log.warning("Compiled flex attention is unavailable for %s on %s (%s: %s); using sdpa.", scheme.name,
                     q.device.type, type(e).__name__, str(e).splitlines()[0] if str(e) else "")
         return None
+
+
+def _flex_with_sinks(flex, q, k, v, score_mod, block_mask, plan):
+    """Flex attention; learned sink logits merged through its log-sum-exp:
+    with the sink in the denominator every weight shrinks by
+    exp(lse) / (exp(lse) + exp(sink)) = sigmoid(lse - sink)."""
+    if plan.sink_logits is None:
+        return flex(q, k, v, score_mod=score_mod, block_mask=block_mask)
+    from torch.nn.attention.flex_attention import AuxRequest
+
+    out, aux = flex(q, k, v, score_mod=score_mod, block_mask=block_mask, return_aux=AuxRequest(lse=True))
+    keep = torch.sigmoid(aux.lse.float() - plan.sink_logits.float()[None, :, None])
+    return (out * keep[..., None].to(out.dtype)).to(out.dtype)

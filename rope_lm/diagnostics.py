@@ -122,6 +122,7 @@ def layer_attention(attn, x, scheme, pos, plan, ctx):
     """(probabilities (B, H, T, T), the layer's output (B, T, C)) recomputed
     from an attention layer's inputs."""
     q, k, v = attn.split_qkv(x)
+    q, plan = attn.tune_softmax(q, pos, plan)
     probs = attention_probs(q, k, scheme, attn.layer, pos, plan, ctx)
     (v,) = match_heads(q, v)  # grouped-query models: each query head reads its key/value head
     p = probs.to(v.dtype)
@@ -182,9 +183,9 @@ def attention_entropy(model, windows: torch.Tensor, train_len: int, buckets: int
             model(windows[s : s + batch_size].to(device))
     mean = (total / N).float()  # (L, H, T)
     n_keys = torch.arange(1, T + 1, dtype=torch.float32)  # keys in view of each query
-    window = model.scaling.attention_plan(torch.arange(T), model.context(T)).window
-    if window:
-        n_keys = n_keys.clamp(max=window)
+    plan = model.scaling.attention_plan(torch.arange(T), model.context(T))
+    if plan.window:
+        n_keys = n_keys.clamp(max=plan.window + plan.sink_tokens)
     uniform = n_keys.log()
     normalized = torch.where(uniform > 0, mean / uniform.clamp(min=1e-9), torch.full_like(mean, float("nan")))
     spans = _buckets(T, buckets)

@@ -18,6 +18,11 @@ An entry is a scheme name or a mapping with any of
   they override the run's ``pos`` settings, with another name they are that
   scheme's own settings (its defaults elsewhere);
 * ``window``: a sliding window of W keys (null: full attention);
+* ``sinks``: with a window, the first k tokens stay visible to every query
+  (StreamingLLM's attention sinks; 0, the default, none);
+* ``softmax``: this layer's softmax options (rope_lm/softmax_options.py),
+  merged key by key over ``model.softmax`` (a key set to null turns that
+  option off here), e.g. Llama 4's temperature on its NoPE layers only;
 * ``scaling``: false keeps the run's method off this layer (true, the
   default, lets it act wherever it applies).
 
@@ -38,6 +43,8 @@ class LayerSpec:
     pos: dict  # complete scheme settings, name included
     window: int | None = None
     scaled: bool = True
+    sinks: int = 0  # tokens at the start kept visible to the window
+    softmax: dict | None = None  # overrides of model.softmax for this layer
 
 
 def _entry(entry, pos: dict, where: str) -> LayerSpec:
@@ -47,10 +54,11 @@ def _entry(entry, pos: dict, where: str) -> LayerSpec:
         entry = {}
     if not isinstance(entry, dict):
         raise ConfigError(f"{where}={entry!r} must be a scheme name or a mapping with pos, window and/or scaling.")
-    unknown = set(entry) - {"pos", "window", "scaling"}
+    unknown = set(entry) - {"pos", "window", "scaling", "sinks", "softmax"}
     if unknown:
         raise ConfigError(f"{where} has unknown key(s) {', '.join(sorted(unknown))}; an entry takes pos (scheme "
-                          f"settings), window (a sliding window of W keys, or null) and scaling (true/false).")
+                          f"settings), window (a sliding window of W keys, or null), sinks (tokens kept visible "
+                          f"to the window), softmax (softmax options) and scaling (true/false).")
     settings = entry.get("pos") or {}
     if not isinstance(settings, dict):
         raise ConfigError(f"{where}.pos={settings!r} must be a mapping of scheme settings (e.g. {{name: nope}}).")
@@ -62,7 +70,17 @@ def _entry(entry, pos: dict, where: str) -> LayerSpec:
     scaled = entry.get("scaling", True)
     if not isinstance(scaled, bool):
         raise ConfigError(f"{where}.scaling={scaled!r} must be true (the run's method may act here) or false.")
-    return LayerSpec(pos=full, window=window, scaled=scaled)
+    sinks = entry.get("sinks", 0)
+    if isinstance(sinks, bool) or not isinstance(sinks, int) or sinks < 0:
+        raise ConfigError(f"{where}.sinks={sinks!r} must be a number of tokens >= 0.")
+    if sinks and window is None:
+        raise ConfigError(f"{where}.sinks={sinks} keeps the first tokens visible to a sliding window, and this "
+                          f"layer has none; set {where}.window too, or drop sinks.")
+    softmax = entry.get("softmax")
+    if softmax is not None and not isinstance(softmax, dict):
+        raise ConfigError(f"{where}.softmax={softmax!r} must be a mapping of softmax options (temperature, ssmax, "
+                          f"sink_logits), or null.")
+    return LayerSpec(pos=full, window=window, scaled=scaled, sinks=sinks, softmax=softmax)
 
 
 def layer_specs(layout: dict | None, pos: dict, n_layer: int) -> list[LayerSpec] | None:
@@ -105,5 +123,6 @@ def describe(specs: list[LayerSpec] | None) -> str:
     """A short label, e.g. 'rope x3 + nope' or 'rope(w=64) / nope'."""
     if specs is None:
         return ""
-    words = [s.pos["name"] + (f"(w={s.window})" if s.window else "") for s in specs]
+    words = [s.pos["name"] + (f"(w={s.window}" + (f"+{s.sinks}" if s.sinks else "") + ")" if s.window else "")
+             for s in specs]
     return " / ".join(words)

@@ -7,8 +7,10 @@ AutoModelForCausalLM.from_pretrained(out) loads with the same logits.
 
 Only models transformers can express are written: pos=rope (pairing half,
 every channel rotated), model.mlp=swiglu, and a method with an HF rope_type
-and a fixed factor (none, pi, dynamic_ntk, yarn, llama3, longrope); others
-are refused with the reason (docs/pretrained.md).
+and a fixed factor (none, pi, dynamic_ntk, yarn, llama3, longrope) as a
+Llama / Qwen2; a layout or the block options of the 2025 families as the
+family that has them (SmolLM3, Qwen3, Gemma 3, Cohere2, gpt-oss, Llama 4);
+others are refused with the reason (docs/pretrained.md).
 """
 
 import hydra
@@ -26,7 +28,10 @@ def main(cfg):
     if missing:
         raise ConfigError(f"{' and '.join(k + '=' for k in missing)} required: ckpt=<run dir or .ckpt> out=<directory>.")
     config = export_checkpoint(cfg.ckpt, cfg.out)
-    print(f"wrote {config['architectures'][0]} ({config['rope_parameters']['rope_type']} RoPE) to {cfg.out}")
+    rope = config["rope_parameters"]
+    # Gemma 3 keeps one set of parameters per layer type
+    types = sorted({p["rope_type"] for p in rope.values()} if "rope_type" not in rope else {rope["rope_type"]})
+    print(f"wrote {config['architectures'][0]} ({' / '.join(types)} RoPE) to {cfg.out}")
 
 
 if __name__ == "__main__":

@@ -283,6 +283,7 @@ def test_export_of_other_shapes(tmp_path, model, arch):
     ({"scaling": {"name": "ntk", "factor": 2.0}}, r"'ntk' has no transformers rope_type"),
     ({"scaling": {"name": "rerope"}}, r"'rerope' has no transformers rope_type"),
     ({"scaling": {"name": "pi", "factor": 2.0, "logn": True}}, r"log-n"),
+    ({"model": {"softmax": {"sink_logits": True}}}, r"model.softmax .* acts on layers \[0, 1\]"),
 ])
 def test_export_refuses_what_transformers_cannot_express(tmp_path, change, message):
     model = build_model({**LLAMA_SHAPED, **change.get("model", {})}, change.get("pos", {"name": "rope"}),

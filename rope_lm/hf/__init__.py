@@ -1,6 +1,8 @@
-"""Hugging Face interchange for the Llama family (docs/pretrained.md).
+"""Hugging Face interchange for the Llama family and the 2025 families with
+per-layer layouts (docs/pretrained.md).
 
-config.py maps config.json to rope-lm settings and back, weights.py streams
+config.py maps config.json to rope-lm settings and back (families.py for
+SmolLM3, Qwen3, Gemma 3, Cohere2, gpt-oss, Llama 4 dense), weights.py streams
 safetensors in and out under the parameter-name map, load.py and export.py
 are the entry points.
 """

@@ -7,6 +7,7 @@ import os
 from rope_lm.errors import ConfigError
 from rope_lm.files import atomic_write, replaced_atomically
 from rope_lm.hf.config import hf_config
+from rope_lm.hf.families import exporting_family
 from rope_lm.hf.weights import hf_state_dict
 
 # What marks a folder as holding a transformers model (or its tokenizer): an export never writes over one.
@@ -36,7 +37,9 @@ def export_hf(model, tokenizer_json: str | None, out_dir: str) -> dict:
     refuse_model_folder(out_dir)
     # The weights first and config.json last: a folder cut short by a kill has no config.json, so no loader takes
     # it for a whole model (and the next export into it is refused by its model.safetensors, not overwritten).
-    _write_weights(hf_state_dict(model), os.path.join(out_dir, "model.safetensors"))
+    family = exporting_family(model)
+    _write_weights(hf_state_dict(model, family.mlp_prefix if family else "mlp"),
+                   os.path.join(out_dir, "model.safetensors"))
     if tokenizer_json is not None:
         atomic_write(os.path.join(out_dir, "tokenizer.json"), tokenizer_json)
         # AutoTokenizer reads the class from here; the vocabulary is all in tokenizer.json.

@@ -17,7 +17,7 @@ class HFInfo:
     """Where a model came from and how it was mapped."""
 
     directory: str
-    family: str  # llama | mistral | qwen2
+    family: str  # llama | mistral | qwen2 | qwen3 | smollm3 | gemma3 | cohere2 | gpt_oss | llama4
     architecture: str
     settings: dict  # {'model', 'pos', 'scaling', 'train_len', 'vocab_size', ...}: build_model's arguments
     tokenizer_json: str | None  # the text of tokenizer.json, None when the directory has none
@@ -71,13 +71,12 @@ def build_empty(settings: dict, dtype: torch.dtype):
     given real storage once, in the target dtype. The positional scheme is
     rebuilt on the CPU since its buffers are computed, not loaded."""
     from rope_lm.model import build_model
-    from rope_lm.positional import build_scheme
 
     with torch.device("meta"):
         model = build_model(settings["model"], settings["pos"], settings["scaling"], settings["vocab_size"],
                             settings["train_len"])
     model = model.to(dtype).to_empty(device="cpu")
-    model.pos_scheme = build_scheme(settings["pos"], model.pos_scheme.dims)
+    model.rebuild_schemes()
     if model.cfg.tie_embeddings:  # to_empty gives each parameter its own storage
         model.lm_head.weight = model.wte.weight
     return model
@@ -86,18 +85,19 @@ def build_empty(settings: dict, dtype: torch.dtype):
 def load_hf(path_or_name: str, dtype: torch.dtype = torch.float32, sliding_window: str = "auto",
             revision: str | None = None):
     """(TransformerLM in eval mode, tokenizers.Tokenizer or None, HFInfo) for a
-    LlamaForCausalLM / MistralForCausalLM / Qwen2ForCausalLM directory or hub
-    name. The model runs under the method that reproduces the checkpoint's
-    rope_scaling; model.set_scaling() swaps in any other. sliding_window:
-    'auto' maps Mistral's window to rope-lm's `window` method, 'ignore' loads
-    full attention (exact up to the window's length)."""
+    directory or hub name of a family rope-lm maps (rope_lm.hf.config and
+    .families). The model runs under the method that reproduces the
+    checkpoint's rope_scaling; model.set_scaling() swaps in any other.
+    sliding_window: 'auto' maps Mistral's window to rope-lm's `window` method
+    and the 2025 families' sliding layers to windows in their layout,
+    'ignore' loads full attention (exact up to the window's length)."""
     if sliding_window not in ("auto", "ignore"):
         raise ConfigError(f"sliding_window={sliding_window!r}: use auto or ignore.")
     directory = resolve(path_or_name, revision)
     config = read_config(directory)
     settings = settings_from_hf(config, sliding_window)
     model = build_empty(settings, dtype)
-    load_weights(model, directory)
+    load_weights(model, directory, settings.get("mlp_prefix", "mlp"))
     model.eval()
     tokenizer, tokenizer_json = None, None
     tok_path = os.path.join(directory, "tokenizer.json")
@@ -153,7 +153,7 @@ def hf_lit(path_or_name: str, optim: dict | None = None, max_steps: int = 0, sca
     with torch.device("meta"):
         lit = LitLM(**hparams, optim=optim or {}, max_steps=max_steps, **lit_options)
     lit.model.load_state_dict(model.state_dict(), assign=True)
-    lit.model.pos_scheme = model.pos_scheme  # computed buffers, not in the state dict
+    lit.model.rebuild_schemes()  # computed buffers, not in the state dict
     if lit.model.cfg.tie_embeddings:  # assign gives the two names separate Parameter objects
         lit.model.lm_head.weight = lit.model.wte.weight
     lit.tokenizer_json = tokenizer_json

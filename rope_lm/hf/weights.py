@@ -1,4 +1,4 @@
-"""Transformers' Llama tensor names <-> rope-lm parameters, and streaming
+"""Transformers' Llama-family tensor names <-> rope-lm parameters, and streaming
 safetensors I/O.
 
 rope-lm fuses q, k and v into one `qkv` projection (rows: q heads, k heads,
@@ -28,24 +28,47 @@ from rope_lm.errors import ConfigError
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
 
-def layout(cfg) -> dict[str, tuple[str, slice | None]]:
-    """HF tensor name -> (rope-lm parameter name, row slice or None)."""
+def layout(cfg, mlp_prefix: str = "mlp") -> dict[str, tuple[str, slice | None]]:
+    """HF tensor name -> (rope-lm parameter name, row slice or None);
+    mlp_prefix is the family's name of the MLP module (Llama 4: feed_forward)."""
     H, Hkv, D = cfg.n_head, cfg.kv_heads, cfg.head_size
     rows = {"q": slice(0, H * D), "k": slice(H * D, (H + Hkv) * D), "v": slice((H + Hkv) * D, (H + 2 * Hkv) * D)}
     qkv_bias = cfg.bias if cfg.qkv_bias is None else cfg.qkv_bias
     out = {"model.embed_tokens.weight": ("wte.weight", None), "model.norm.weight": ("norm.weight", None)}
     if not cfg.tie_embeddings:
         out["lm_head.weight"] = ("lm_head.weight", None)
+    # transformers' names of the norms after input_layernorm: with post norms (Gemma)
+    # post_attention_layernorm is the attention's output norm, not the MLP's input norm
+    if cfg.post_norms:
+        norms = {"post_attention_layernorm": "attn_post_norm", "pre_feedforward_layernorm": "norm2",
+                 "post_feedforward_layernorm": "mlp_post_norm"}
+    else:
+        norms = {} if cfg.parallel else {"post_attention_layernorm": "norm2"}
+    if cfg.qk_norm:
+        norms.update({"self_attn.q_norm": "attn.q_norm", "self_attn.k_norm": "attn.k_norm"})
+    from rope_lm.model import layer_softmax
+
     for i in range(cfg.n_layer):
         hf, ours = f"model.layers.{i}.", f"blocks.{i}."
         out[hf + "input_layernorm.weight"] = (ours + "norm1.weight", None)
-        out[hf + "post_attention_layernorm.weight"] = (ours + "norm2.weight", None)
+        for theirs, mine in norms.items():
+            out[hf + theirs + ".weight"] = (ours + mine + ".weight", None)
+        if layer_softmax(cfg, i).sink_logits:
+            out[hf + "self_attn.sinks"] = (ours + "attn.sinks", None)
         for name, part in rows.items():
             out[hf + f"self_attn.{name}_proj.weight"] = (ours + "attn.qkv.weight", part)
             if qkv_bias:
                 out[hf + f"self_attn.{name}_proj.bias"] = (ours + "attn.qkv.bias", part)
-        pairs = {"self_attn.o_proj": "attn.proj", "mlp.gate_proj": "mlp.gate", "mlp.up_proj": "mlp.fc",
-                 "mlp.down_proj": "mlp.proj"}
+        pairs = {"self_attn.o_proj": "attn.proj"}
+        if cfg.mlp == "moe":  # gpt-oss's experts, tensors as transformers lays them out (rope_lm/experts.py)
+            experts = {"router.weight": "router.weight", "router.bias": "router.bias",
+                       "experts.gate_up_proj": "gate_up", "experts.gate_up_proj_bias": "gate_up_bias",
+                       "experts.down_proj": "down", "experts.down_proj_bias": "down_bias"}
+            for theirs, mine in experts.items():
+                out[hf + f"{mlp_prefix}.{theirs}"] = (ours + f"mlp.{mine}", None)
+        else:
+            pairs.update({f"{mlp_prefix}.gate_proj": "mlp.gate", f"{mlp_prefix}.up_proj": "mlp.fc",
+                          f"{mlp_prefix}.down_proj": "mlp.proj"})
         for theirs, mine in pairs.items():
             out[hf + theirs + ".weight"] = (ours + mine + ".weight", None)
             if cfg.bias:
@@ -95,11 +118,11 @@ def read_into(f, entry: dict, data_start: int, dest: torch.Tensor) -> None:
 
 
 @torch.no_grad()
-def load_weights(model, directory: str) -> None:
+def load_weights(model, directory: str, mlp_prefix: str = "mlp") -> None:
     """Fill every parameter of `model` (allocated, uninitialised) from the
     safetensors files, one tensor at a time, checking that each HF tensor
     lands on a slot of the right shape and that every slot is filled."""
-    slots = layout(model.cfg)
+    slots = layout(model.cfg, mlp_prefix)
     params = dict(model.named_parameters())
     filled, tied_head = set(), model.cfg.tie_embeddings
     for path in weight_files(directory):
@@ -128,13 +151,13 @@ def load_weights(model, directory: str) -> None:
                           f"{', '.join(missing[:3])}.")
 
 
-def hf_state_dict(model) -> dict[str, torch.Tensor]:
+def hf_state_dict(model, mlp_prefix: str = "mlp") -> dict[str, torch.Tensor]:
     """The model's weights under transformers' names, contiguous and not
     sharing storage (safetensors refuses shared tensors). Only the q/k/v row
     blocks are copies; the other tensors are the parameters themselves."""
     params = dict(model.named_parameters())
     out = {}
-    for hf_name, (name, rows) in layout(model.cfg).items():
+    for hf_name, (name, rows) in layout(model.cfg, mlp_prefix).items():
         p = params[name].detach()
         out[hf_name] = p if rows is None else p[rows].clone()
     return out

@@ -9,7 +9,8 @@ ReRoPE-like maps). A method declares the scheme families it applies to;
 Log-n scaling composes with every method: ``logn=True`` multiplies the logits
 of the query at 0-based index i by max(1, log n / log L), where L is the
 training length and n = i + 1 is the number of keys that query attends to,
-itself included (min(i + 1, w) under a sliding window of w keys). n <= L is
+itself included (min(i + 1, w + k) under a sliding window of w keys with k
+sink tokens). n <= L is
 therefore the identity, so the whole training window is untouched.
 
 By default log-n acts only at evaluation: in a forward of a model in eval
@@ -102,7 +103,7 @@ class ScalingMethod:
     def attention_plan(self, pos: torch.Tensor, ctx) -> AttnPlan:
         plan = self.plan(pos, ctx)
         if self.logn_active(ctx):
-            scale = logn_scale(pos.shape[0], ctx.train_len, plan.window, pos.device)
+            scale = logn_scale(pos.shape[0], ctx.train_len, plan.window, pos.device, plan.sink_tokens)
             plan.q_scale = scale if plan.q_scale is None else plan.q_scale * scale
         return plan
 
@@ -121,18 +122,18 @@ class ScalingMethod:
         """The realized settings at ctx.seq_len, for the results JSON."""
         out = {"method": self.name, "label": self.label, "at_length": ctx.seq_len, "train_len": ctx.train_len}
         if self.logn:
-            window = self.plan(torch.arange(ctx.seq_len), ctx).window
-            scale = logn_scale(ctx.seq_len, ctx.train_len, window)
+            plan = self.plan(torch.arange(ctx.seq_len), ctx)
+            scale = logn_scale(ctx.seq_len, ctx.train_len, plan.window, sinks=plan.sink_tokens)
             out["logn"] = {"in_training": self.logn_in_training, "max_logit_scale": float(scale[-1])}
         return out
 
 
-def logn_scale(T: int, train_len: int, window: int | None = None, device=None) -> torch.Tensor:
+def logn_scale(T: int, train_len: int, window: int | None = None, device=None, sinks: int = 0) -> torch.Tensor:
     """max(1, log n / log L) for the queries at 0-based indices 0..T-1, with
-    n = i + 1 keys in view (capped at the window)."""
+    n = i + 1 keys in view (capped at the window and its sink tokens)."""
     n = torch.arange(1, T + 1, device=device, dtype=torch.float32)
     if window:
-        n = n.clamp(max=window)
+        n = n.clamp(max=window + sinks)
     if train_len <= 1:  # log 1 = 0: no length to be invariant to
         return torch.ones_like(n)
     return (n.log() / math.log(train_len)).clamp(min=1.0)
