@@ -1,0 +1,263 @@
+"""Generation (rope_lm/generate.py): greedy decoding equals the argmax of
+full forwards, seeded sampling is reproducible, top-k / top-p only ever pick
+the tokens a hand computation allows, stops end a prompt where they should,
+prompts of different lengths in one call equal each alone, bad input is one
+paragraph before any forward; passkey, the retrieval battery and the task
+runs decode through it with the answers of the old re-read-everything
+decoding; scripts/generate.py on a trained checkpoint and an imported model."""
+
+import math
+
+import pytest
+import torch
+
+from rope_lm import passkey as P
+from rope_lm import retrieval as R
+from rope_lm.errors import ConfigError
+from rope_lm.generate import Sampling, allowed_probs, end_of_text_ids, generate, stop_token_ids
+from rope_lm.model import ModelConfig, TransformerLM
+
+L = 16  # trained length; the tests decode past it
+
+
+def tiny(pos=None, scaling=None, vocab=61, seed=0, **extra):
+    torch.manual_seed(seed)
+    cfg = ModelConfig(**{**dict(vocab_size=vocab, train_len=L, n_layer=2, n_head=4, n_kv_head=2, d_model=32,
+                                tie_embeddings=False), **extra})
+    m = TransformerLM(cfg, pos or {"name": "rope"}, scaling)
+    with torch.no_grad():  # off the initial values, so that tokens differ from step to step
+        for p in m.parameters():
+            p.add_(torch.randn_like(p) * 0.3)
+    return m.eval()
+
+
+def prompt_rows(lengths, vocab=61, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, vocab, (n,), generator=g).tolist() for n in lengths]
+
+
+@torch.no_grad()
+def rerun_greedy(model, row, n):
+    """The old decoding: every step reads the whole sequence again."""
+    out = list(row)
+    for _ in range(n):
+        out.append(int(model(torch.tensor([out]))[0, -1].argmax()))
+    return out[len(row):]
+
+
+@torch.no_grad()
+def step_logits(model, row, written):
+    """Full-forward logits before each written token."""
+    return [model(torch.tensor([row + written[:t]]))[0, -1] for t in range(len(written))]
+
+
+# --- greedy ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("pos,scaling", [({"name": "rope"}, None), ({"name": "alibi"}, None),
+                                         ({"name": "learned", "max_positions": 64}, None),
+                                         ({"name": "t5", "num_buckets": 8, "max_distance": 12}, None),
+                                         ({"name": "rope"}, {"name": "pi", "factor": 2.0}),
+                                         ({"name": "rope"}, {"name": "rerope", "window": 6})])
+def test_greedy_equals_argmax_of_full_forwards_past_the_training_length(pos, scaling):
+    m = tiny(pos, scaling)
+    rows = prompt_rows([12, 7])
+    out = generate(m, rows, 20)
+    for row, g in zip(rows, out):
+        assert g.ids == rerun_greedy(m, row, 20) and g.finish == "length" and g.prompt == row
+    assert len(set(out[0].ids)) > 3  # a real continuation, not one token repeated
+
+
+def test_only_the_last_position_is_projected():
+    m = tiny()
+    seen = []
+    m.lm_head.register_forward_hook(lambda mod, inp, out: seen.append(tuple(inp[0].shape)))
+    generate(m, prompt_rows([30, 30]), 4)
+    assert seen == [(2, 32)] * 4  # (batch, d_model) a step: never prompt x vocabulary
+
+
+# --- sampling ----------------------------------------------------------------------
+
+def test_seeded_sampling_is_reproducible_and_the_seed_matters():
+    m = tiny()
+    rows = prompt_rows([9, 9, 5])
+    a = generate(m, rows, 15, temperature=1.5, seed=7)
+    b = generate(m, rows, 15, temperature=1.5, seed=7)
+    c = generate(m, rows, 15, temperature=1.5, seed=8)
+    assert [g.ids for g in a] == [g.ids for g in b]
+    assert [g.ids for g in a] != [g.ids for g in c]
+    greedy = generate(m, rows, 15)
+    assert [g.ids for g in a] != [g.ids for g in greedy]  # it does sample
+
+
+def hand_allowed(logits, temperature, top_k, top_p):
+    """The allowed set by plain Python: temperature, the k largest, then the
+    most probable tokens until their probability reaches p."""
+    scaled = [x / temperature for x in logits.tolist()]
+    order = sorted(range(len(scaled)), key=lambda i: -scaled[i])
+    keep = order[:top_k] if top_k else order
+    if top_p is None:
+        return set(keep)
+    z = sum(math.exp(scaled[i]) for i in keep)
+    allowed, mass = [], 0.0
+    for i in keep:
+        if mass >= top_p:
+            break
+        allowed.append(i)
+        mass += math.exp(scaled[i]) / z
+    return set(allowed)
+
+
+@pytest.mark.parametrize("top_k,top_p", [(3, None), (None, 0.5), (8, 0.6), (1, None)])
+def test_top_k_and_top_p_only_pick_allowed_tokens(top_k, top_p):
+    m = tiny()
+    rows = prompt_rows([6] * 6, seed=4)
+    out = generate(m, rows, 12, temperature=2.0, top_k=top_k, top_p=top_p, seed=3)
+    picked_outside_argmax = 0
+    for row, g in zip(rows, out):
+        for logits, token in zip(step_logits(m, row, g.ids), g.ids):
+            allowed = hand_allowed(logits, 2.0, top_k, top_p)
+            assert token in allowed, (token, allowed)
+            picked_outside_argmax += token != int(logits.argmax())
+            probs = allowed_probs(logits[None], Sampling(2.0, top_k, top_p))[0]
+            assert {int(i) for i in torch.nonzero(probs).flatten()} == allowed
+            assert float(probs.sum()) == pytest.approx(1.0, abs=1e-5)
+    if top_k != 1:
+        assert picked_outside_argmax > 0  # the filters left more than the argmax, and sampling used it
+
+
+# --- stops -------------------------------------------------------------------------
+
+def test_a_stop_token_ends_that_prompt_only():
+    m = tiny()
+    rows = prompt_rows([10, 10])
+    free = generate(m, rows, 12)
+    stop = free[0].ids[4]
+    first = free[0].ids.index(stop)
+    out = generate(m, rows, 12, stop_tokens=[stop])
+    assert out[0].ids == free[0].ids[: first + 1] and out[0].finish == "token" and out[0].stop == stop
+    other = free[1].ids[: free[1].ids.index(stop) + 1] if stop in free[1].ids else free[1].ids
+    assert out[1].ids == other
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_cache):
+    return tiny_cache.tokenizer()
+
+
+def test_a_stop_string_cuts_the_text(tokenizer):
+    m = tiny(vocab=tokenizer.get_vocab_size())
+    prompt = "def wrap(text, width):\n"
+    free = generate(m, [prompt], 30, tokenizer=tokenizer)[0]
+    assert free.text == tokenizer.decode(free.ids) and len(free.text) > 12
+    stop = free.text[8:11]
+    out = generate(m, [prompt], 30, tokenizer=tokenizer, stop_strings=["\u2603never", stop])[0]
+    assert out.finish == "string" and out.stop == stop
+    assert out.text == free.text[: free.text.index(stop)]
+    assert out.ids == free.ids[: len(out.ids)] and len(out.ids) < 30
+    assert stop in tokenizer.decode(out.ids) and stop not in tokenizer.decode(out.ids[:-1])
+
+
+def test_stop_tokens_by_name_and_the_end_of_text_token(tokenizer):
+    eos = tokenizer.token_to_id("<|endoftext|>")
+    assert stop_token_ids(tokenizer, ["<|endoftext|>", 5]) == [eos, 5]
+    assert end_of_text_ids(tokenizer) == [eos]
+    with pytest.raises(ConfigError, match=r"stop token '<\|eot\|>' is not a token .*'<\|endoftext\|>'"):
+        stop_token_ids(tokenizer, ["<|eot|>"])
+
+
+# --- batches -----------------------------------------------------------------------
+
+@pytest.mark.parametrize("sampled", [False, True])
+def test_prompts_of_different_lengths_equal_each_alone(sampled):
+    m = tiny(scaling={"name": "yarn"})  # yarn's factor follows the length: a padded batch would change it
+    rows = prompt_rows([5, 11, 5, 8, 11, 3])
+    settings = dict(temperature=1.2, top_p=0.9, seed=5) if sampled else {}
+    together = generate(m, rows, 14, batch_size=2, **settings)
+    # Alone, prompt i keeps its own seed stream: pass it at its index among placeholders of other lengths.
+    for i, row in enumerate(rows):
+        alone = generate(m, [[0]] * i + [row], 14, **settings)[i]
+        assert together[i].ids == alone.ids, i
+        if not sampled:
+            from rope_lm.kv_cache import KVCache
+
+            with torch.no_grad():  # ... and alone means one full forward of the finished sequence at its plan
+                cache = KVCache(planned_len=len(row) + 14)
+                logits = m(torch.tensor([row + alone.ids[:-1]]), cache=cache)[0, len(row) - 1:]
+            assert logits.argmax(-1).tolist() == alone.ids
+
+
+def test_the_model_mode_is_kept():
+    m = tiny().train()
+    generate(m, prompt_rows([4]), 2)
+    assert m.training
+
+
+# --- bad input: one paragraph each, before any forward -------------------------------
+
+class NoForward(TransformerLM):
+    def hidden(self, *a, **k):
+        raise AssertionError("a forward ran before the input was checked")
+
+
+def unreadable():
+    torch.manual_seed(0)
+    cfg = ModelConfig(vocab_size=61, train_len=L, n_layer=1, n_head=2, d_model=16)
+    return NoForward(cfg, {"name": "learned", "max_positions": 32})
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    (dict(prompts=[[1] * 20], max_new_tokens=13), "A prompt of 20 tokens plus max_new_tokens=13 is 33 tokens, more "
+                                                   "than this model serves"),
+    (dict(prompts=[[1] * 40], max_new_tokens=1), "A prompt of 40 tokens"),
+    (dict(prompts=[[1, 2], []]), "Prompt 1 is empty"),
+    (dict(prompts=[]), "needs a list of prompts"),
+    (dict(prompts=["hello"]), "Prompt 0 is text, and no tokenizer"),
+    (dict(prompts=[[1, 99]]), "outside the model's vocabulary of 61"),
+    (dict(max_new_tokens=0), "max_new_tokens=0 must be a whole number of at least 1"),
+    (dict(stop_tokens=[61]), "stop token id(s) [61] are not tokens of the model's vocabulary"),
+    (dict(stop_strings=["."]), "Stop strings ['.'] need the model's tokenizer"),
+    (dict(temperature=-0.5), "temperature=-0.5 must be a finite number of at least 0"),
+    (dict(temperature=float("nan")), "temperature=nan must be a finite number"),
+    (dict(temperature=1.0, top_k=0), "top_k=0 must be a whole number of at least 1"),
+    (dict(temperature=1.0, top_p=0.0), "top_p=0.0 must be a probability in (0, 1]"),
+    (dict(temperature=1.0, top_p=1.5), "top_p=1.5 must be a probability in (0, 1]"),
+    (dict(seed=-1), "seed=-1 must be a whole number of at least 0"),
+    (dict(batch_size=0), "batch_size=0 must be a whole number of at least 1"),
+])
+def test_bad_input_is_one_paragraph_before_any_forward(kwargs, message):
+    args = {"prompts": [[1, 2, 3]], "max_new_tokens": 4, **kwargs}
+    with pytest.raises(ConfigError) as e:
+        generate(unreadable(), args.pop("prompts"), args.pop("max_new_tokens"), **args)
+    assert message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_stop_string_needs_text_and_an_empty_text_prompt_is_refused(tokenizer):
+    m = tiny(vocab=tokenizer.get_vocab_size())
+    with pytest.raises(ConfigError, match="Stop strings must be non-empty"):
+        generate(m, ["a"], 2, tokenizer=tokenizer, stop_strings=[""])
+    with pytest.raises(ConfigError, match=r"Prompt 0 is empty \(its text encodes to no tokens\)"):
+        generate(m, [""], 2, tokenizer=tokenizer)
+
+
+# --- passkey, retrieval and tasks decode through generate --------------------------
+
+def test_passkey_gives_the_answers_of_the_old_decoding(tokenizer, monkeypatch):
+    m = tiny(vocab=tokenizer.get_vocab_size(), scaling={"name": "pi", "factor": 2.0})
+    ids = torch.tensor([p.ids for p in P.prompts(tokenizer, 100, 0.5, 3, seed=2)])
+    new = P.greedy_decode(m, ids, P.ANSWER_ROOM)
+    assert new.tolist() == [rerun_greedy(m, row, P.ANSWER_ROOM) for row in ids.tolist()]
+    cached = P.evaluate_passkey(m, tokenizer, [90, 110], [0.0, 1.0], samples=2, seed=1)
+    monkeypatch.setattr(P, "greedy_decode", lambda model, ids, n: torch.tensor(
+        [rerun_greedy(model, row, n) for row in ids.tolist()]))
+    assert P.evaluate_passkey(m, tokenizer, [90, 110], [0.0, 1.0], samples=2, seed=1) == cached
+
+
+def test_retrieval_greedy_gives_the_verdicts_of_the_old_decoding(tokenizer, tiny_cache, monkeypatch):
+    m = tiny(vocab=tokenizer.get_vocab_size())
+    hay = R.Haystacks(tokenizer, tiny_cache.tokens("test"), seed=0)
+    task = R.MultiQuery(2)
+    prompts = [hay.build(task, "multiquery", 200 + 9 * (s % 2), 0.5, s) for s in range(3)]
+    cached = R.greedy(m, prompts, task, tokenizer, "cpu")
+    monkeypatch.setattr(P, "greedy_decode", lambda model, ids, n: torch.tensor(
+        [rerun_greedy(model, row, n) for row in ids.tolist()]))
+    assert R.greedy(m, prompts, task, tokenizer, "cpu") == cached
