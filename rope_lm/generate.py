@@ -159,13 +159,18 @@ def _prompt_ids(prompts, tokenizer, vocab_size: int) -> list[list[int]]:
     return out
 
 
-def _check(model, prompts, max_new_tokens, sampling, stop_tokens, stop_strings, tokenizer, batch_size):
-    """Every input checked, lengths included, before the first forward."""
+def check_settings(max_new_tokens, sampling: Sampling, batch_size: int = 1) -> None:
+    """The settings that need no model (an entry point checks them before loading one)."""
     sampling.validate()
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
         raise ConfigError(f"max_new_tokens={max_new_tokens!r} must be a whole number of at least 1.")
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ConfigError(f"batch_size={batch_size!r} must be a whole number of at least 1 (prompts read at once).")
+
+
+def _check(model, prompts, max_new_tokens, sampling, stop_tokens, stop_strings, tokenizer, batch_size):
+    """Every input checked, lengths included, before the first forward."""
+    check_settings(max_new_tokens, sampling, batch_size)
     vocab = model.cfg.vocab_size
     ids = _prompt_ids(prompts, tokenizer, vocab)
     bad = [t for t in stop_tokens if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab]

@@ -16,6 +16,7 @@ from rope_lm import retrieval as R
 from rope_lm.errors import ConfigError
 from rope_lm.generate import Sampling, allowed_probs, end_of_text_ids, generate, stop_token_ids
 from rope_lm.model import ModelConfig, TransformerLM
+from tests.test_pretrained_cli import tiny_llama  # noqa: F401  (the tiny save_pretrained model, a fixture)
 
 L = 16  # trained length; the tests decode past it
 
@@ -261,3 +262,125 @@ def test_retrieval_greedy_gives_the_verdicts_of_the_old_decoding(tokenizer, tiny
     monkeypatch.setattr(P, "greedy_decode", lambda model, ids, n: torch.tensor(
         [rerun_greedy(model, row, n) for row in ids.tolist()]))
     assert R.greedy(m, prompts, task, tokenizer, "cpu") == cached
+
+
+def test_task_runs_write_what_the_model_generates(monkeypatch):
+    from rope_lm import task_run as TR
+    from rope_lm.tasks import build_task
+
+    task = build_task({"name": "copy"})
+    vocab = task.vocabulary()
+    m = tiny(vocab=len(vocab), train_len=24)
+    rng = __import__("random").Random(0)
+    instances = [task.instance(rng, n) for n in (3, 3, 5)]
+    greedy = TR.greedy_answers(m, task, vocab, instances, 8, "cpu")
+    for (prompt, answer), written in zip(instances, greedy):
+        row = vocab.encode([*task.sequence(prompt, answer)][: len(prompt) + 2])
+        expect = vocab.decode(rerun_greedy(m, row, len(answer) + 1))
+        if "<eos>" in expect:
+            expect = expect[: expect.index("<eos>") + 1]
+        assert written == expect
+
+
+# --- scripts/generate.py -----------------------------------------------------------
+
+def run_generate(*args, status=0, cwd=None):
+    from tests.test_diagnostics import run_script
+
+    return run_script("generate.py", *args, status=status, cwd=cwd)
+
+
+@pytest.fixture(scope="module")
+def noisy_ckpt(tiny_cache, tiny_data_options, tmp_path_factory):
+    """A checkpoint as training writes it, weights moved off their init so it writes varied text."""
+    from tests.test_diagnostics import save_tiny_checkpoint
+
+    path = str(tmp_path_factory.mktemp("run") / "checkpoints" / "last.ckpt")
+    save_tiny_checkpoint(path, tiny_cache, tiny_data_options)
+    saved = torch.load(path, weights_only=False)
+    torch.manual_seed(1)
+    saved["state_dict"] = {k: v + 0.3 * torch.randn_like(v) if v.is_floating_point() else v
+                           for k, v in saved["state_dict"].items()}
+    torch.save(saved, path)
+    return path
+
+
+def test_generate_script_on_a_checkpoint(noisy_ckpt, tiny_corpus, tmp_path):
+    import json
+    import os
+
+    from rope_lm.trained import open_model
+
+    out = tmp_path / "g.json"
+    done = run_generate(f"ckpt={noisy_ckpt}", "prompt=[def wrap,class Queue]", "max_new_tokens=12", "scaling=yarn",
+                        "temperature=0.8", "top_k=20", "seed=4", f"out={out}")
+    result = json.load(open(out))
+    assert result["source"] == noisy_ckpt and result["method"] == "yarn" and result["train_len"] == 16
+    trained = open_model(noisy_ckpt, "cpu", {"name": "yarn"})
+    tok = trained.tokenizer()
+    expect = generate(trained.model, ["def wrap", "class Queue"], 12, temperature=0.8, top_k=20, seed=4,
+                      tokenizer=tok, stop_tokens=end_of_text_ids(tok))
+    assert [g["ids"] for g in result["generations"]] == [g.ids for g in expect]
+    for g in expect:
+        assert f"⟨model⟩ {g.text}\n" in done.stdout
+    assert done.stdout.count("=== prompt ") == 2 and "[rope_lm]" not in done.stdout and "HYDRA" not in done.stdout
+    assert "[rope_lm] " in done.stderr and "yarn" in done.stderr  # progress on stderr, as eval_extrapolation logs
+    # A file's text cut to 40 tokens: a prompt past L = 16.
+    text_file = os.path.join(tiny_corpus, "textwrap.txt")
+    done = run_generate(f"ckpt={noisy_ckpt}", f"file={text_file}", "prompt_tokens=40", "max_new_tokens=5",
+                        "stop_tokens=[]", "show_prompt=0", f"out={tmp_path / 'f.json'}")
+    assert f"=== file={text_file}: 40 tokens (2.5 x L=16); 5 written, stopped by max_new_tokens=5" in done.stdout
+    with open(text_file) as f:
+        ids = tok.encode(f.read()).ids[:40]
+    plain = open_model(noisy_ckpt, "cpu").model
+    assert json.load(open(tmp_path / "f.json"))["generations"][0]["ids"] == generate(plain, [ids], 5)[0].ids
+    run_generate(f"ckpt={noisy_ckpt}", "prompt=x", f"out={out}", status=2)  # never written over
+
+
+@pytest.mark.parametrize("args,message", [
+    (["ckpt=a", "hf=b", "prompt=x"], "Give one of ckpt="),
+    (["ckpt=/nowhere", "prompt=x", "file=y"], "Give one of prompt="),
+    (["ckpt=/nowhere", "prompt=x", "top_p=2"], "top_p=2 must be a probability"),
+    (["ckpt=/nowhere", "prompt=x", "max_new_tokens=0"], "max_new_tokens=0 must be"),
+])
+def test_generate_script_refuses_bad_settings_before_loading_a_model(args, message):
+    from tests.test_diagnostics import assert_one_paragraph
+
+    assert_one_paragraph(run_generate(*args, status=2), message)
+
+
+@pytest.mark.parametrize("args,message", [
+    (["stop_tokens=['<|nope|>']"], "stop token '<|nope|>' is not a token of the model's tokenizer"),
+    (["prompt_tokens=500"], "prompt_tokens=500: prompt 0 has only"),
+])
+def test_generate_script_refuses_unknown_stops_and_short_texts(noisy_ckpt, args, message):
+    from tests.test_diagnostics import assert_one_paragraph
+
+    assert_one_paragraph(run_generate(f"ckpt={noisy_ckpt}", "prompt='def wrap(text, width):'", *args, status=2),
+                         message)
+
+
+def test_generate_script_on_an_imported_model_matches_transformers(tiny_llama, tmp_path):
+    """hf= and ckpt=hf: write what transformers' own greedy generate writes
+    with the same weights, and name the model as given."""
+    import json
+
+    import transformers
+    from tokenizers import Tokenizer
+
+    directory, _ = tiny_llama
+    out = tmp_path / "g.json"
+    run_generate(f"hf={directory}", "prompt=[def wrap,import os]", "max_new_tokens=10", "stop_tokens=[]",
+                 f"out={out}", cwd=tmp_path)
+    result = json.load(open(out))
+    assert result["source"] == f"hf:{directory}" and result["checkpoint"] == f"hf:{directory}"
+    hf = transformers.AutoModelForCausalLM.from_pretrained(directory).eval()
+    hf.generation_config.eos_token_id = None  # the script was told no stop token
+    tok = Tokenizer.from_file(f"{directory}/tokenizer.json")
+    for text, g in zip(["def wrap", "import os"], result["generations"]):
+        ids = torch.tensor([tok.encode(text).ids])
+        want = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=10,
+                           do_sample=False)[0, ids.shape[1]:].tolist()
+        assert g["ids"] == want
+    done = run_generate(f"ckpt=hf:{directory}", "prompt=x", "max_new_tokens=2", cwd=tmp_path)
+    assert done.stdout.startswith("=== prompt 0:")
