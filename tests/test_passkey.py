@@ -120,7 +120,11 @@ def test_passkey_corpus_source(tiny_corpus):
 def test_passkey_script(tiny_cache, tiny_data_options, tmp_path):
     ckpt = save_tiny_checkpoint(str(tmp_path / "run" / "checkpoints" / "last.ckpt"), tiny_cache, tiny_data_options,
                                 train_len=128)
-    run_script("passkey.py", f"ckpt={tmp_path / 'run'}", "multipliers=[1,2]", "depths=[0,1]", "samples=2", cwd=tmp_path)
+    done = run_script("passkey.py", f"ckpt={tmp_path / 'run'}", "multipliers=[1,2]", "depths=[0,1]", "samples=2",
+                      cwd=tmp_path)
+    # Per-cell progress as eval_extrapolation.py logs: `[rope_lm] ...` on stderr; stdout holds the table alone.
+    assert "[rope_lm] passkey length 128 depth 0: accuracy" in done.stderr
+    assert "passkey length" not in done.stdout and "HYDRA" not in done.stdout + done.stderr
     out = tmp_path / "run" / "diagnostics" / "passkey"
     result = json.load(open(out / "passkey.json"))
     assert result["lengths"] == [128, 256] and len(result["accuracy"]) == 2 and len(result["accuracy"][0]) == 2
