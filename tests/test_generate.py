@@ -280,6 +280,22 @@ def test_task_runs_write_what_the_model_generates(monkeypatch):
         if "<eos>" in expect:
             expect = expect[: expect.index("<eos>") + 1]
         assert written == expect
+    # score() records it for the failed examples it keeps, and asks for no others.
+    sizes = TR.Sizes(train_min=3, train_max=3, test_factor=5 / 3, bucket=1)
+    tests = {3: instances[:2], 4: [task.instance(rng, 4)], 5: instances[2:]}
+    scored = {s: {"correct": [i == 0 and s == 3 for i in range(len(t))], "token_accuracy": [0.0] * len(t),
+                  "predictions": [["0"]] * len(t)} for s, t in tests.items()}
+    asked = []
+
+    def write(kept):
+        asked.append(kept)
+        return TR.greedy_answers(m, task, vocab, kept, 8, "cpu")
+
+    result = TR.score(sizes, task, tests, scored, resamples=0, seed=0, n_examples=1, write=write)
+    assert [len(k) for k in asked] == [1, 1, 1]
+    three = result["buckets"][0]["failed_examples"]
+    assert three == [{"prompt": " ".join(instances[1][0]), "answer": " ".join(instances[1][1]),
+                      "predicted (teacher-forced argmax)": "0", "generated (greedy)": " ".join(greedy[1])}]
 
 
 # --- scripts/generate.py -----------------------------------------------------------
