@@ -63,7 +63,9 @@ def main(cfg):
     check_settings(a["max_new_tokens"], Sampling(a["temperature"], a["top_k"], a["top_p"], a["seed"]), a["batch_size"])
     if isinstance(a["show_prompt"], bool) or not isinstance(a["show_prompt"], int) or a["show_prompt"] < 0:
         raise ConfigError(f"show_prompt={a['show_prompt']!r} must be a number of characters, 0 or more.")
-    stops = a["stop"] if isinstance(a["stop"], list) else [a["stop"]]
+    # Hydra's command line keeps a backslash as typed: \n and \t are read as the newline and tab they name.
+    stops = [str(t).replace("\\n", "\n").replace("\\t", "\t")
+             for t in (a["stop"] if isinstance(a["stop"], list) else [a["stop"]] if a["stop"] else [])]
     if a["out"] and os.path.exists(a["out"]):
         raise ConfigError(f"out={a['out']} exists; give a new file name (generations are never written over).")
     scaling = a.get("scaling")
