@@ -132,6 +132,8 @@ def end_of_text_ids(tokenizer) -> list[int]:
 def _prompt_ids(prompts, tokenizer, vocab_size: int) -> list[list[int]]:
     if isinstance(prompts, str):
         prompts = [prompts]
+    elif isinstance(prompts, torch.Tensor) and prompts.dim() == 2:  # (B, T) ids, as a forward takes them
+        prompts = prompts.tolist()
     if not isinstance(prompts, (list, tuple)) or not prompts:
         raise ConfigError(f"generate needs a list of prompts (each text or a list of token ids); got {prompts!r}.")
     out = []

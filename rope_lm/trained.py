@@ -175,7 +175,7 @@ def checkpoint_cache(lit, data_overrides: dict | None, work_dir: str, model_path
 
     own, overrides = lit.hparams.get("data") or {}, data_overrides or {}
     data_options = {**own, **overrides}
-    other_source = not own or any(k in overrides for k in ("path", "source", "hf_name"))
+    other_source = not own or any(k in overrides and overrides[k] != own.get(k) for k in ("path", "source", "hf_name"))
     if model_path and other_source and "name" not in overrides:
         data_options["name"] = _corpus_name(model_label(model_path), data_options)
     if lit.tokenizer_json:
