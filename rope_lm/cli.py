@@ -10,6 +10,7 @@ import atexit
 import contextlib
 import functools
 import json
+import logging
 import os
 import secrets
 import sys
@@ -56,6 +57,22 @@ def _train_tag(options) -> str:
 
 
 register_resolvers()
+
+
+def log_to_stderr(level: int = logging.INFO) -> None:
+    """rope-lm's log lines as every entry point writes them: `[rope_lm] ...`
+    on standard error, standard output being the results'. A @hydra.main app
+    finds the root logger already given Hydra's handler (its format, on
+    standard output), so logging.basicConfig would change nothing there:
+    the rope_lm logger gets its own handler and stops at it."""
+    logger = logging.getLogger("rope_lm")
+    if not any(getattr(h, "rope_lm_stderr", False) for h in logger.handlers):
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("[%(name)s] %(message)s"))
+        handler.rope_lm_stderr = True
+        logger.addHandler(handler)
+    logger.setLevel(level)
+    logger.propagate = False
 
 
 def paragraph(e: RopeLMError) -> str:

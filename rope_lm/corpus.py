@@ -412,6 +412,9 @@ def iter_documents(cfg: SourceConfig):
     return READERS[cfg.kind](cfg)
 
 
+EVAL_SPLITS = ("valid", "test")  # the splits whose files a files corpus names (Plan.corpus["files"])
+
+
 @dataclass
 class Plan:
     """The outcome of one full read: which splits every document goes to."""
@@ -428,7 +431,10 @@ def scan(cfg: SourceConfig, progress=None) -> Plan:
     a SHA-1 of its text and its length; return the split plan and fingerprint."""
     hashes, given, digests, chars, empty = array("Q"), array("B"), bytearray(), array("q"), array("B")
     nbytes = array("q")
+    names = []  # the file each document came from (files source): which texts the evaluation splits hold
     for key, mask, doc in iter_documents(cfg):
+        if cfg.kind == "files":
+            names.append(key.split("#", 1)[0] if key is not None else None)
         h, n, size, blank = hashlib.sha1(), 0, 0, True
         for piece in pieces_of(doc):
             raw = piece.encode("utf-8", "surrogatepass")
@@ -484,6 +490,9 @@ def scan(cfg: SourceConfig, progress=None) -> Plan:
         "documents": counts,
         "characters": {s: int(chars[masks & SPLIT_BITS[s] > 0].sum()) for s in SPLITS},
     }
+    if names and any(n is not None for n in names):
+        info["files"] = {s: sorted({names[i] for i in np.flatnonzero(masks & SPLIT_BITS[s])} - {None})
+                         for s in EVAL_SPLITS}
     cuts = ()
     if by_position:
         # Where valid and test start; routed_pieces moves each to the next line start.

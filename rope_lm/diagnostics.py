@@ -107,7 +107,7 @@ def checkpoint_tokens(trained: Trained, split: str, data_overrides: dict | None 
     if split not in ("train", "valid", "test"):
         raise ConfigError(f"split={split!r} is not a split; use train, valid or test.")
     with tempfile.TemporaryDirectory(prefix="rope-lm-tokenizer-") as work:
-        return checkpoint_cache(trained.lit, data_overrides, work)[0].tokens(split)
+        return checkpoint_cache(trained.lit, data_overrides, work, trained.path)[0].tokens(split)
 
 
 # --- attention probabilities ------------------------------------------------------

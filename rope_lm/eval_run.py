@@ -7,6 +7,7 @@ import contextlib
 import logging
 import os
 import signal
+import time
 
 from rope_lm.config import DATA_ANNOTATIONS, typed, typed_component, typed_dataclass
 from rope_lm.errors import ConfigError, Interrupted
@@ -54,6 +55,11 @@ def evaluate_and_report(model, cache, eval_cfg: EvalConfig, methods: list[dict |
     stream = cache.tokens(eval_cfg.split)
     lengths = eval_cfg.resolve_lengths(results["train_len"])
     doc_starts = cache.doc_starts(eval_cfg.split)
+    corpus = results.get("corpus") or {}
+    scored = (corpus.get("files") or {}).get(eval_cfg.split)
+    if scored:  # the texts behind the numbers, by name (a files corpus; results.json keeps them under corpus.files)
+        log.info("Scoring the %s split of %s: %d file(s): %s", eval_cfg.split, corpus.get("where"), len(scored),
+                 ", ".join(scored))
     results["eval"] = eval_summary(eval_cfg, len(stream), doc_starts, results["train_len"])
     expected = len(results["eval"]["lengths"]) - len(results["eval"].get("skipped_lengths") or [])
     kept = {label for label in results["methods"]
@@ -81,7 +87,10 @@ def evaluate_and_report(model, cache, eval_cfg: EvalConfig, methods: list[dict |
                     extra = f", beyond L_train {row['ppl_beyond']:.3f}" if row["ppl_beyond"] else ""
                     log.info("ppl@%d [%s] = %.3f%s", row["length"], label, row["ppl"], extra)
 
+                started = time.perf_counter()
                 evaluate_lengths(model, stream, eval_cfg, results["train_len"], on_result, doc_starts=doc_starts)
+                # Wall time of the method's whole evaluation (all lengths), on this machine as it was loaded.
+                results["methods"][label]["seconds"] = round(time.perf_counter() - started, 2)
                 if i < len(methods) - 1:
                     write_views(results, out_dir)
             results["status"] = Status.COMPLETE
@@ -152,7 +161,7 @@ def evaluate_checkpoint(ckpt_path: str | None, methods: list[dict], eval_options
                           f"another out= folder, or wait for that one to finish.")
     earlier = folder.read_results() if finishing else None
     try:
-        cache, data_options = checkpoint_cache(trained.lit, data_overrides, out_dir)
+        cache, data_options = checkpoint_cache(trained.lit, data_overrides, out_dir, trained.path)
     except BaseException:
         if made:  # a refused corpus leaves no folder holding only the tokenizer behind
             _remove_if_only(out_dir, made, {"tokenizer.json"})

@@ -22,6 +22,7 @@ import torch
 
 from rope_lm.errors import ConfigError
 from rope_lm.files import save_figure
+from rope_lm.generate import generate
 from rope_lm.passkey_text import ANSWER, FILLER, INSTRUCTIONS, KEY_SENTENCE, QUESTION  # noqa: F401  (the template, re-exported)
 
 # Tokens kept free after the prompt for the generated answer: up to 5 digit
@@ -86,15 +87,12 @@ def prompts(tokenizer, length: int, depth: float, samples: int, seed: int = 0, i
     return [build_prompt(tokenizer, length, depth, make_key(seed, length, depth, i), instructions) for i in range(samples)]
 
 
-@torch.no_grad()
 def greedy_decode(model, ids: torch.Tensor, new_tokens: int) -> torch.Tensor:
-    """(B, new_tokens) greedy continuations of the prompts ids (B, T); no KV
-    cache, so every step reruns the whole prefix (positions stay explicit)."""
-    out = ids
-    for _ in range(new_tokens):
-        logits = model(out)[:, -1]
-        out = torch.cat([out, logits.argmax(-1, keepdim=True)], dim=1)
-    return out[:, ids.shape[1]:]
+    """(B, new_tokens) greedy continuations of the prompts ids (B, T),
+    through rope_lm.generate (the KV cache: the prompt read once, then one
+    token a step), planned for T + new_tokens tokens."""
+    out = generate(model, [row.tolist() for row in ids], new_tokens, batch_size=max(1, ids.shape[0]))
+    return torch.tensor([g.ids for g in out], dtype=ids.dtype, device=ids.device)
 
 
 @torch.no_grad()

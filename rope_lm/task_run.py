@@ -39,11 +39,13 @@ from rope_lm.lit import OptimConfig, build_optimizer
 from rope_lm.model import ModelConfig, build_model, check_fit
 from rope_lm.positional import SCHEMES
 from rope_lm.files import atomic_write, save_figure, write_json
+from rope_lm.generate import generate
 from rope_lm.run_folder import RunFolder, Status
 from rope_lm.run_settings import TASK_BOOKKEEPING
 from rope_lm.tables import markdown_table
 from rope_lm.scaling import METHODS
 from rope_lm.tasks import TASKS, build_task
+from rope_lm.tasks.base import EOS
 
 log = logging.getLogger("rope_lm")
 
@@ -281,6 +283,17 @@ def evaluate_sizes(model, task, vocab, tests: dict[int, list], batch_size: int, 
     return out
 
 
+@torch.no_grad()
+def greedy_answers(model, task, vocab, instances, batch_size: int, device) -> list[list[str]]:
+    """What the model writes after <bos> prompt <sep>, greedy through
+    rope_lm.generate, up to <eos> (kept) or as many tokens as the answer and
+    its <eos>: the text behind a teacher-forced verdict."""
+    prompts = [vocab.encode(task.sequence(prompt, answer)[: len(prompt) + 2]) for prompt, answer in instances]
+    most = max(len(answer) for _, answer in instances) + 1
+    out = generate(model, prompts, most, stop_tokens=[vocab.index[EOS]], batch_size=batch_size)
+    return [vocab.decode(g.ids[: len(answer) + 1]) for g, (_, answer) in zip(out, instances)]
+
+
 def buckets(sizes: Sizes) -> list[tuple[int, int]]:
     """Consecutive size ranges of sizes.bucket sizes, never straddling train_max."""
     out = []
@@ -299,8 +312,11 @@ def _interval_fields(values, resamples, seed, salt) -> dict:
             "n": len(values)}
 
 
-def score(sizes: Sizes, task, tests: dict, scored: dict, resamples: int, seed: int, n_examples: int) -> dict:
-    """Per-bucket and pooled (inside / beyond the training sizes) accuracy with intervals."""
+def score(sizes: Sizes, task, tests: dict, scored: dict, resamples: int, seed: int, n_examples: int,
+          write=None) -> dict:
+    """Per-bucket and pooled (inside / beyond the training sizes) accuracy
+    with intervals; `write(instances)`, when given, is what the model
+    writes for the failed examples kept (greedy_answers)."""
     rows = []
     for i, (lo, hi) in enumerate(buckets(sizes)):
         correct = [c for s in range(lo, hi + 1) for c in scored[s]["correct"]]
@@ -308,10 +324,16 @@ def score(sizes: Sizes, task, tests: dict, scored: dict, resamples: int, seed: i
         failed = [{"prompt": " ".join(p), "answer": " ".join(a), "predicted (teacher-forced argmax)": " ".join(pred)}
                   for s in range(lo, hi + 1)
                   for (p, a), ok, pred in zip(tests[s], scored[s]["correct"], scored[s]["predictions"]) if not ok]
+        failed = failed[:n_examples]
+        if write is not None and failed:
+            kept = [(p, a) for s in range(lo, hi + 1) for (p, a), ok in zip(tests[s], scored[s]["correct"])
+                    if not ok][:n_examples]
+            for example, written in zip(failed, write(kept)):
+                example["generated (greedy)"] = " ".join(written)
         rows.append({"sizes": [lo, hi], "label": f"{lo}" if lo == hi else f"{lo}-{hi}",
                      "inside": hi <= sizes.train_max, "max_tokens": task.max_tokens(hi),
                      **_interval_fields([float(c) for c in correct], resamples, seed, (i,)),
-                     "token_accuracy": sum(tok) / len(tok), "failed_examples": failed[:n_examples]})
+                     "token_accuracy": sum(tok) / len(tok), "failed_examples": failed})
     pooled = {}
     for name, keep in (("inside", lambda s: s <= sizes.train_max), ("beyond", lambda s: s > sizes.train_max)):
         values = [float(c) for s in scored if keep(s) for c in scored[s]["correct"]]
@@ -358,7 +380,8 @@ def run_task(run: TaskRun, out_dir: str, logger=None) -> dict:
         "train": trained, "eval_seconds": round(time.perf_counter() - t1, 2),
         "seconds": round(time.perf_counter() - t0, 2),
         "train_overlap": {str(s): n for s, n in overlaps.items() if n},
-        **score(run.sizes, task, tests, scored, run.eval.bootstrap, run.seed, run.eval.examples),
+        **score(run.sizes, task, tests, scored, run.eval.bootstrap, run.seed, run.eval.examples,
+                write=lambda kept: greedy_answers(model, task, vocab, kept, run.eval.batch_size, device)),
         "config": run.raw, "status": Status.COMPLETE,
     }
     write_json(os.path.join(out_dir, TASK_JSON), results)

@@ -13,6 +13,7 @@ build) and their messages are the same whichever script the user ran.
 
 from dataclasses import dataclass
 import os
+import re
 
 import torch
 
@@ -144,14 +145,39 @@ def read_text(path: str) -> str:
         raise ConfigError(f"{path} cannot be read ({e.strerror}).") from None
 
 
-def checkpoint_cache(lit, data_overrides: dict | None, work_dir: str):
+def model_label(path: str) -> str:
+    """A short name of the model at `path` (Trained.path): an imported
+    model's folder or hub name, or a checkpoint's run folder."""
+    if path.startswith(HF):
+        name = os.path.basename(path[len(HF):].rstrip("/\\")) or "hf"
+    else:
+        parent = os.path.dirname(os.path.abspath(path))
+        name = os.path.basename(os.path.dirname(parent) if os.path.basename(parent) == "checkpoints" else parent)
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-.") or "model"
+
+
+def _corpus_name(model: str, options: dict) -> str:
+    where = options.get("path") or options.get("hf_name") or options.get("source") or "corpus"
+    where = os.path.basename(str(where).rstrip("/\\")) or str(where)
+    return f"{model}-{re.sub(r'[^A-Za-z0-9._-]+', '-', where).strip('-.') or 'corpus'}"
+
+
+def checkpoint_cache(lit, data_overrides: dict | None, work_dir: str, model_path: str | None = None):
     """(token cache, data options) of a checkpoint's own corpus (or its
     settings with overrides), tokenized with the tokenizer the checkpoint
-    carries, so the model sees exactly the ids it was trained on."""
+    carries, so the model sees exactly the ids it was trained on. A corpus
+    the checkpoint was not trained on (an imported model's, or data.path=
+    and the like given) without a data.name is named after the model at
+    model_path (Trained.path) and the source, e.g. the token cache
+    SmolLM2-135M-pg19-sample-<key>, not the default corpus's name."""
     from rope_lm.config import split_data
     from rope_lm.data import prepare
 
-    data_options = {**(lit.hparams.get("data") or {}), **(data_overrides or {})}
+    own, overrides = lit.hparams.get("data") or {}, data_overrides or {}
+    data_options = {**own, **overrides}
+    other_source = not own or any(k in overrides and overrides[k] != own.get(k) for k in ("path", "source", "hf_name"))
+    if model_path and other_source and "name" not in overrides:
+        data_options["name"] = _corpus_name(model_label(model_path), data_options)
     if lit.tokenizer_json:
         os.makedirs(work_dir, exist_ok=True)
         data_options["tokenizer_file"] = write_tokenizer(lit.tokenizer_json, work_dir)

@@ -7,13 +7,12 @@ Windows of `length` tokens come from the checkpoint's own corpus split
 (default: a new <run dir>/diagnostics/attention_entropy[_<scaling>]).
 """
 
-import logging
 import os
 
 import hydra
 from omegaconf import OmegaConf
 
-from rope_lm.cli import hydra_task
+from rope_lm.cli import hydra_task, log_to_stderr
 from rope_lm.errors import ConfigError
 
 
@@ -25,7 +24,7 @@ def main(cfg):
     from rope_lm import diagnostics as D
     from rope_lm.trained import open_model
 
-    logging.basicConfig(level=logging.INFO, format="[%(name)s] %(message)s")
+    log_to_stderr()
     a = OmegaConf.to_container(cfg, resolve=True)
     if a["windows"] < 1 or a["buckets"] < 1 or (a["length"] is not None and a["length"] < 2):
         raise ConfigError("windows= and buckets= must be positive and length= at least 2.")

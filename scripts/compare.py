@@ -10,12 +10,11 @@ compare.md, compare.csv, ppl_vs_length*.png and per_position*.png to out=
 (default: <the one directory given>/compare).
 """
 
-import logging
 
 import hydra
 from omegaconf import OmegaConf
 
-from rope_lm.cli import hydra_task
+from rope_lm.cli import hydra_task, log_to_stderr
 from rope_lm.errors import ConfigError
 
 
@@ -25,7 +24,7 @@ def main(cfg):
     from rope_lm.compare import compare, default_out, has_results, log_to_wandb
     from rope_lm.task_compare import compare_tasks, find_task_results
 
-    logging.basicConfig(level=logging.INFO, format="[%(name)s] %(message)s")
+    log_to_stderr()
     a = OmegaConf.to_container(cfg, resolve=True)
     paths = ([a["path"]] if a["path"] else []) + list(a["paths"])
     if not paths:

@@ -16,6 +16,8 @@ log-n logit scaling to a method (label `name+logn`). `scaling.<key>=v` sets
 for that method only. `eval.*` overrides conf/eval/default.yaml, `data.*` the
 checkpoint's own data settings (e.g. data.test_fraction), `device=cpu|cuda|auto`,
 `out=` the output folder (default: a new folder inside the checkpoint's run).
+`data=<name>` evaluates on a conf/data corpus instead (e.g. data=pg19, with
+data.path= for a local copy).
 
 The command line is Hydra's override syntax, but this is not a @hydra.main
 app: there, `scaling=a,b` would mean a sweep of separate runs, while here it
@@ -39,7 +41,9 @@ CONFIG = "eval_extrapolation"
 
 
 def split_overrides(argv: list[str]) -> tuple[list[str], dict, dict, list[str]]:
-    """(method names, scaling.* settings, data.* settings, the other overrides)."""
+    """(method names, scaling.* settings, data.* settings, the other overrides);
+    data=<name> (a conf/data corpus, as train.py takes it) comes back as
+    data.* settings under the key "data", which data.* settings refine."""
     try:
         overrides = OverridesParser.create().parse_overrides(argv)
     except HydraException as e:
@@ -51,6 +55,10 @@ def split_overrides(argv: list[str]) -> tuple[list[str], dict, dict, list[str]]:
             names = list(o.sweep_string_iterator()) if o.is_sweep_override() else [o.get_value_element_as_str()]
         elif key.startswith("scaling."):
             scaling[key.split(".", 1)[1]] = o.value()
+        elif key == "data":
+            if o.is_sweep_override():
+                raise ConfigError(f"{o.input_line}: one corpus per evaluation; run the command once per corpus.")
+            data = {**group_config("data", o.get_value_element_as_str()), **data}
         elif key.startswith("data."):
             data[key.split(".", 1)[1]] = o.value()
         elif o.is_sweep_override():

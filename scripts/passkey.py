@@ -15,7 +15,7 @@ import os
 import hydra
 from omegaconf import OmegaConf
 
-from rope_lm.cli import hydra_task
+from rope_lm.cli import hydra_task, log_to_stderr
 from rope_lm.errors import ConfigError
 
 log = logging.getLogger("rope_lm")
@@ -28,7 +28,7 @@ def main(cfg):
     from rope_lm import passkey as P
     from rope_lm.trained import open_model
 
-    logging.basicConfig(level=logging.INFO, format="[%(name)s] %(message)s")
+    log_to_stderr()
     a = OmegaConf.to_container(cfg, resolve=True)
     if a["batch_size"] < 1:
         raise ConfigError(f"batch_size={a['batch_size']} must be at least 1.")

@@ -9,12 +9,11 @@ docs/data.md. Usage: python scripts/prepare_data.py --help.
 """
 
 import json
-import logging
 
 import hydra
 from omegaconf import OmegaConf
 
-from rope_lm.cli import hydra_task
+from rope_lm.cli import hydra_task, log_to_stderr
 
 
 @hydra.main(config_path="../conf", config_name="prepare_data", version_base="1.3")
@@ -23,7 +22,7 @@ def main(cfg):
     from rope_lm.config import split_data
     from rope_lm.cache import prepare
 
-    logging.basicConfig(level=logging.INFO, format="[%(name)s] %(message)s")
+    log_to_stderr()
     data, source = split_data(OmegaConf.to_container(cfg.data, resolve=True))
     cache = prepare(data, source)
     print(json.dumps({"cache": cache.dir, "tokens": cache.meta["tokens"], "vocab_size": cache.vocab_size,

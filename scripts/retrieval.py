@@ -15,7 +15,7 @@ import os
 import hydra
 from omegaconf import OmegaConf
 
-from rope_lm.cli import hydra_task
+from rope_lm.cli import hydra_task, log_to_stderr
 from rope_lm.errors import ConfigError
 
 log = logging.getLogger("rope_lm")
@@ -30,7 +30,7 @@ def main(cfg):
     from rope_lm.files import atomic_write
     from rope_lm.trained import open_model
 
-    logging.basicConfig(level=logging.INFO, format="[%(name)s] %(message)s")
+    log_to_stderr()
     a = OmegaConf.to_container(cfg, resolve=True)
     tasks = R.build_tasks(list(a["tasks"] or []), a["needles"])  # names checked before the model is loaded
     if a["scoring"] not in R.SCORING:

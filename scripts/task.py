@@ -15,7 +15,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf
 
-from rope_lm.cli import hydra_task
+from rope_lm.cli import hydra_task, log_to_stderr
 
 log = logging.getLogger("rope_lm")
 _SWEEPS: set = set()
@@ -38,7 +38,7 @@ def main(cfg):
     from rope_lm.run_folder import Skip, check_writable, describe
     from rope_lm.task_run import claim, markdown, resolve_task_run, run_task
 
-    logging.basicConfig(level=logging.INFO, format="[%(name)s] %(message)s")
+    log_to_stderr()
     config = OmegaConf.to_container(cfg, resolve=True)
     run = resolve_task_run(config)  # every setting, and the scheme at the longest test, before any work
     hc = HydraConfig.get()

@@ -6,11 +6,11 @@ import os
 
 import pytest
 import torch
-from torch import nn
 
 from rope_lm import passkey as P
 from rope_lm.corpus import SourceConfig, load_documents
 from rope_lm.errors import ConfigError
+from tests.scripted import SequenceModel
 from tests.test_diagnostics import run_script, save_tiny_checkpoint
 
 
@@ -61,30 +61,25 @@ def test_parse_answer(text, answer):
     assert P.parse_answer(text) == answer
 
 
-class Oracle(nn.Module):
+class Oracle(SequenceModel):
     """Reads the key out of the prompt and emits its tokens, then '.'; or, if
     wrong=True, always emits the first key token only."""
 
     def __init__(self, tokenizer, wrong=False):
-        super().__init__()
-        self.w = nn.Parameter(torch.zeros(1))
-        self.vocab = tokenizer.get_vocab_size()
+        super().__init__(tokenizer.get_vocab_size())
         self.marker = tokenizer.encode(" The pass key is").ids
         self.question = tokenizer.encode(P.QUESTION).ids
         self.dot = tokenizer.encode(".").ids[0]
         self.wrong = wrong
-
-    def validate_length(self, n):
-        pass
 
     @staticmethod
     def _find(row, pattern, last=False):
         hits = [i for i in range(len(row) - len(pattern) + 1) if row[i : i + len(pattern)] == pattern]
         return hits[-1] if last else hits[0]
 
-    def forward(self, idx):
-        logits = torch.zeros(idx.shape[0], idx.shape[1], self.vocab)
-        for b, row in enumerate(idx.tolist()):
+    def logits_of(self, rows):
+        logits = torch.zeros(len(rows), len(rows[0]), self.cfg.vocab_size)
+        for b, row in enumerate(rows):
             start = self._find(row, self.marker) + len(self.marker)
             key = row[start : row.index(self.dot, start)]
             done = len(row) - (self._find(row, self.question, last=True) + len(self.question))
@@ -125,7 +120,11 @@ def test_passkey_corpus_source(tiny_corpus):
 def test_passkey_script(tiny_cache, tiny_data_options, tmp_path):
     ckpt = save_tiny_checkpoint(str(tmp_path / "run" / "checkpoints" / "last.ckpt"), tiny_cache, tiny_data_options,
                                 train_len=128)
-    run_script("passkey.py", f"ckpt={tmp_path / 'run'}", "multipliers=[1,2]", "depths=[0,1]", "samples=2", cwd=tmp_path)
+    done = run_script("passkey.py", f"ckpt={tmp_path / 'run'}", "multipliers=[1,2]", "depths=[0,1]", "samples=2",
+                      cwd=tmp_path)
+    # Per-cell progress as eval_extrapolation.py logs: `[rope_lm] ...` on stderr; stdout holds the table alone.
+    assert "[rope_lm] passkey length 128 depth 0: accuracy" in done.stderr
+    assert "passkey length" not in done.stdout and "HYDRA" not in done.stdout + done.stderr
     out = tmp_path / "run" / "diagnostics" / "passkey"
     result = json.load(open(out / "passkey.json"))
     assert result["lengths"] == [128, 256] and len(result["accuracy"]) == 2 and len(result["accuracy"][0]) == 2

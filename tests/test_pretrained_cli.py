@@ -121,3 +121,35 @@ def test_passkey_names_an_imported_model_as_the_user_gave_it(tiny_llama, tmp_pat
     assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-3000:]
     result = json.load(open(tmp_path / "pk" / "passkey.json"))
     assert result["checkpoint"] == given and result["source"] == given
+
+
+def test_the_documented_pg19_command_offline_times_methods_and_names_the_files(tiny_llama, tmp_path):
+    """docs/pretrained.md's `data=pg19` (with data.path= for a local copy, as
+    offline): the corpus group is taken (it once failed with Hydra's "Could
+    not override 'data'"), the log names the files scored, and results.json
+    holds each method's wall time."""
+    directory, corpus = tiny_llama
+    done = run([f"hf={directory}", "scaling=none,yarn", "data=pg19", f"data.path={corpus}",
+                f"data.cache_dir={tmp_path / 'cache'}", "eval.multipliers=[1,2]", "eval.token_budget=256",
+                f"out={tmp_path / 'eval'}"], "scripts/eval_extrapolation.py")
+    result = json.load(open(tmp_path / "eval" / "results.json"))
+    assert result["config"]["data"]["name"] == "pg19" and result["config"]["data"]["hf_name"] == "deepmind/pg19"
+    assert all(m["seconds"] > 0 for m in result["methods"].values()) and len(result["methods"]) == 2
+    test_files = result["corpus"]["files"]["test"]
+    assert test_files and all(name.endswith(".txt") for name in test_files)
+    assert f"[rope_lm] Scoring the test split of {corpus}: {len(test_files)} file(s): {', '.join(test_files)}" \
+        in done.stderr
+    assert any(name.startswith("pg19-") for name in os.listdir(tmp_path / "cache"))
+
+
+def test_an_imported_models_own_corpus_is_named_after_the_model(tiny_llama, tmp_path):
+    from rope_lm.trained import checkpoint_cache, open_model
+
+    directory, corpus = tiny_llama
+    trained = open_model(f"hf:{directory}", "cpu")
+    options = {"path": corpus, "vocab_size": 300, "cache_dir": str(tmp_path / "cache")}
+    cache, used = checkpoint_cache(trained.lit, options, str(tmp_path / "work"), trained.path)
+    assert used["name"] == f"tiny-llama-{os.path.basename(corpus)}"
+    assert os.path.basename(cache.dir).startswith(f"tiny-llama-{os.path.basename(corpus)}-")
+    named = checkpoint_cache(trained.lit, {**options, "name": "mine"}, str(tmp_path / "work"), trained.path)[1]
+    assert named["name"] == "mine"  # a name given is kept

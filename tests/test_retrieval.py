@@ -9,10 +9,10 @@ import re
 
 import pytest
 import torch
-from torch import nn
 
 from rope_lm import retrieval as R
 from rope_lm.errors import ConfigError
+from tests.scripted import SequenceModel
 from tests.test_diagnostics import assert_one_paragraph, run_script, save_tiny_checkpoint
 
 
@@ -115,21 +115,17 @@ def test_evaluate_refuses_before_the_first_forward_pass(hay, tokenizer, tiny_cac
 
 # --- scoring on hand-made predictions ------------------------------------------------
 
-class Scripted(nn.Module):
+class Scripted(SequenceModel):
     """Predicts, at every position, the token the script gives for the
     sequence so far: `answer(prompt_row, generated_so_far)`."""
 
     def __init__(self, vocab, answer):
-        super().__init__()
-        self.w = nn.Parameter(torch.zeros(1))
-        self.vocab, self.answer = vocab, answer
+        super().__init__(vocab)
+        self.answer = answer
 
-    def validate_length(self, n):
-        pass
-
-    def forward(self, idx):
-        logits = torch.zeros(idx.shape[0], idx.shape[1], self.vocab)
-        for b, row in enumerate(idx.tolist()):
+    def logits_of(self, rows):
+        logits = torch.zeros(len(rows), len(rows[0]), self.cfg.vocab_size)
+        for b, row in enumerate(rows):
             for t in range(len(row)):
                 logits[b, t, self.answer(b, row[: t + 1])] = 1.0
         return logits
