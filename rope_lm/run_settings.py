@@ -20,6 +20,16 @@ BOOKKEEPING = frozenset({
     "model.activation_checkpointing",
 })
 
+# Options added to a config file after runs were made, at the value that does
+# what those runs did: a saved run that lacks the key is the same experiment as
+# a config holding this value, so an older study still continues and its seed
+# replicas still group (a missing key and None compare equal anyway).
+ADDED_AT_DEFAULT = {
+    "pos.p_rope": 1.0,  # p-RoPE; 1.0 rotates every frequency, as before
+    "scaling.sinks": 0,  # StreamingLLM sink tokens of scaling=window
+    "scaling.sink_positions": "cache",  # read only where sinks > 0
+}
+
 # The same for a task run (scripts/task.py): its log interval and CPU threads
 # change how it reports and how fast it runs, not what it learns.
 TASK_BOOKKEEPING = frozenset({"existing", "logger", "run_name", "threads", "train.log_every"})
@@ -41,12 +51,18 @@ def settings_key(config: dict, ignored=frozenset()) -> str:
     """One string per experiment: equal for two configs exactly when
     settings_differences finds nothing between them. Keys that are None are
     left out, as there a missing key and a None compare equal: an option added
-    to the code since an older run (absent there, None now) changes nothing."""
-    def drop_none(value):
+    to the code since an older run (absent there, None now) changes nothing;
+    so are keys at their ADDED_AT_DEFAULT value."""
+    def drop_none(value, prefix=""):
         if isinstance(value, dict):
-            return {k: drop_none(v) for k, v in value.items() if v is not None}
+            return {k: drop_none(v, f"{prefix}{k}.") for k, v in value.items()
+                    if v is not None and not _at_added_default(f"{prefix}{k}", v)}
         return value
     return json.dumps(drop_none(without(config, ignored)), sort_keys=True, default=str)
+
+
+def _at_added_default(key: str, value) -> bool:
+    return key in ADDED_AT_DEFAULT and value == ADDED_AT_DEFAULT[key]
 
 
 def settings_differences(saved: dict, given: dict, ignored=frozenset()) -> list[tuple]:
@@ -64,4 +80,7 @@ def _differences(a, b, prefix: str = "") -> list[tuple]:
         for key in sorted(set(a) | set(b), key=str):
             out += _differences(a.get(key), b.get(key), f"{prefix}{key}.")
         return out
-    return [] if a == b else [(prefix.rstrip("."), a, b)]
+    key = prefix.rstrip(".")
+    if a == b or (a is None and _at_added_default(key, b)) or (b is None and _at_added_default(key, a)):
+        return []
+    return [(key, a, b)]

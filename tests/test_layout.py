@@ -161,7 +161,8 @@ def test_presets_build_and_a_layout_run_trains_and_evaluates(tiny_data_options, 
     with open(f"{ROOT}/conf/layout/gemma3.yaml") as f:
         TransformerLM(config(yaml.safe_load(f), n_layer=6), {"name": "rope"}, {"name": "yarn"})
     run = tmp_path / "run"
-    args = [a.replace("model.n_layer=2", "model.n_layer=4") for a in cli_overrides(tiny_data_options, run)]
+    args = [a.replace("model.n_layer=2", "model.n_layer=4")
+            for a in cli_overrides(tiny_data_options, run, **{"trainer.max_steps": 6})]
     done = subprocess.run([sys.executable, "train.py", "+layout=nope_every_4", *args],
                           cwd=ROOT, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": ROOT})
     assert done.returncode == 0, done.stderr[-3000:]
