@@ -239,7 +239,7 @@ def format_plan(p: dict, device_gb: float | None) -> str:
     if device_gb:
         fits = [p["columns"][c].get("longest seq_len") for c in cols]
         lines.append(f"{'longest seq_len':<{width}}" + "".join(f"{(str(f) if f else 'none'):>24}" for f in fits)
-                     + f"   (fits {device_gb:g} GB)")
+                     + f"   (fits {device_gb:g} GiB)")
     lines += ["", "activations: held for backward at the step's peak; attention workspace: the most one layer's "
                   "attention adds in forward; total: the traced peak of a step (parts overlap in time)."]
     return "\n".join(lines)
