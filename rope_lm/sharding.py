@@ -41,7 +41,7 @@ class BlockShardedStrategy(ModelParallelStrategy):
         super().setup_environment()
 
 
-def check_sharded(lightning: dict, compile: bool) -> None:
+def check_sharded(lightning: dict) -> None:
     """Refuse, before any work, trainer settings the sharded preset cannot serve."""
     strategy = lightning.get("strategy", "auto")
     if strategy != "auto":
