@@ -1,14 +1,14 @@
 """A memory plan before the run (scripts/plan_memory.py): what one device
 holds during a training step, from the same checked settings as train.py.
 
-Nothing is guessed from formulas of a generic transformer: two training
-steps of the run's own model, loss and optimizer are traced with fake
+Nothing is guessed from formulas of a generic transformer: a training
+step of the run's own model, loss and optimizer is traced with fake
 tensors (torch's FakeTensorMode: shapes, dtypes and devices, no memory and
 no arithmetic), and torch's MemTracker records every tensor as it is made
 and freed, so the kernels the run would take, the chunked loss
 (rope_lm/head.py) and the recomputation of activation checkpointing are
-counted as they are. The second step is the one measured: the optimizer
-state exists from then on.
+counted as they are. The optimizer state is made before the traced step,
+as every step after the first holds it.
 
 What the trace cannot hold, sharding over devices, is applied to its
 figures: DDP keeps a second copy of the gradients (its buckets); FSDP
@@ -49,7 +49,8 @@ class Trace:
 
 def trace_step(model: dict, pos: dict, scaling: dict | None, vocab_size: int, seq_len: int, batch: int,
                checkpointing: bool, precision: str = "32-true", optim: OptimConfig | None = None) -> Trace:
-    """Two training steps of this model at (batch, seq_len) under fake tensors."""
+    """A training step of this model at (batch, seq_len) under fake tensors,
+    its optimizer state made beforehand (as the second and later steps hold it)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.distributed._tools.mem_tracker import MemTracker
 
@@ -66,18 +67,21 @@ def trace_step(model: dict, pos: dict, scaling: dict | None, vocab_size: int, se
         opt, _ = build_optimizer(net, optim, 1)
         x = torch.zeros(batch, seq_len, dtype=torch.long)
         y = torch.zeros(batch, seq_len, dtype=torch.long)
+        # The optimizer state as every step after the first holds it (a step on zero gradients makes it,
+        # untraced); then the one traced step.
+        for p in net.parameters():
+            p.grad = torch.zeros_like(p)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
         tracker = MemTracker()
         tracker.track_external(net, opt, x, y)
         attn = net.blocks[0].attn
         with tracker:
-            for step in range(2):
-                with torch.autocast("cpu", dtype=dtype, enabled=autocast):
-                    loss = loss_fn(x, y)
-                loss.backward()
-                opt.step()
-                opt.zero_grad(set_to_none=True)
-                if step == 0:
-                    tracker.reset_mod_stats()
+            with torch.autocast("cpu", dtype=dtype, enabled=autocast):
+                loss = loss_fn(x, y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
         stats = tracker.memory_tracking[attn]
         peak_snap = next(iter(tracker.get_tracker_snapshot("peak").values()))
         params = sum(p.numel() * p.element_size() for p in net.parameters())
