@@ -52,6 +52,26 @@ def check_sharded(lightning: dict) -> None:
         )
 
 
+def check_shardable(cfg, pos: dict, scaling: dict | None) -> None:
+    """Refuse a model fully_shard cannot take, before any work: FSDP2 shards
+    every parameter along a dimension, so a scalar parameter (FIRE's c and
+    L multiplier) has none. The model is built on the meta device: shapes
+    only."""
+    from rope_lm.model import TransformerLM
+
+    with torch.device("meta"):
+        model = TransformerLM(cfg, pos, scaling)
+    scalars = [name for name, p in model.named_parameters() if p.dim() == 0]
+    if scalars:
+        raise ConfigError(
+            f"trainer=fsdp cannot shard this model: its parameters {', '.join(scalars[:4])}"
+            f"{' ...' if len(scalars) > 4 else ''} are scalars (pos={pos.get('name')}), and FSDP2 shards every "
+            f"parameter along a dimension. Train it on one device or with DDP (trainer.strategy=ddp "
+            f"trainer.devices=N; model.activation_checkpointing=true saves memory in both), or shard a scheme "
+            f"whose parameters are tensors (rope, alibi, t5, ...)."
+        )
+
+
 def check_world(devices: int, nodes: int) -> None:
     """Sharding over one device saves nothing; say so instead of running it."""
     if devices * nodes < 2:
