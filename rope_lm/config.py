@@ -366,4 +366,8 @@ def resolve_run(cfg: dict) -> RunConfig:
     if not run.init_from:  # a fine-tune runs at the checkpoint's L: load_init_from checks it with that
         check_fit(mcfg, pos, scaling, max(run.lengths + [data.seq_len]))
         check_train_positions(mcfg, pos, train_pos, data.seq_len)
+    if trainer.sharded:
+        from rope_lm.sharding import check_shardable
+
+        check_shardable(mcfg, pos, scaling)
     return run

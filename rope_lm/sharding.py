@@ -41,7 +41,7 @@ class BlockShardedStrategy(ModelParallelStrategy):
         super().setup_environment()
 
 
-def check_sharded(lightning: dict, compile: bool) -> None:
+def check_sharded(lightning: dict) -> None:
     """Refuse, before any work, trainer settings the sharded preset cannot serve."""
     strategy = lightning.get("strategy", "auto")
     if strategy != "auto":
@@ -49,6 +49,26 @@ def check_sharded(lightning: dict, compile: bool) -> None:
             f"trainer.sharded=true (the trainer=fsdp preset) chooses the strategy itself (FSDP2 per block through "
             f"Lightning's ModelParallelStrategy), so trainer.strategy={strategy!r} cannot be used with it. Remove "
             f"trainer.strategy, or drop trainer=fsdp to run {strategy!r} (e.g. trainer.strategy=ddp)."
+        )
+
+
+def check_shardable(cfg, pos: dict, scaling: dict | None) -> None:
+    """Refuse a model fully_shard cannot take, before any work: FSDP2 shards
+    every parameter along a dimension, so a scalar parameter (FIRE's c and
+    L multiplier) has none. The model is built on the meta device: shapes
+    only."""
+    from rope_lm.model import TransformerLM
+
+    with torch.device("meta"):
+        model = TransformerLM(cfg, pos, scaling)
+    scalars = [name for name, p in model.named_parameters() if p.dim() == 0]
+    if scalars:
+        raise ConfigError(
+            f"trainer=fsdp cannot shard this model: its parameters {', '.join(scalars[:4])}"
+            f"{' ...' if len(scalars) > 4 else ''} are scalars (pos={pos.get('name')}), and FSDP2 shards every "
+            f"parameter along a dimension. Train it on one device or with DDP (trainer.strategy=ddp "
+            f"trainer.devices=N; model.activation_checkpointing=true saves memory in both), or shard a scheme "
+            f"whose parameters are tensors (rope, alibi, t5, ...)."
         )
 
 

@@ -50,7 +50,7 @@ def trainer_kwargs(tc: TrainerConfig, out_dir: str, logger, on_stop=None) -> dic
     if tc.sharded:
         from rope_lm.sharding import BlockShardedStrategy, check_sharded
 
-        check_sharded(lightning, tc.compile)
+        check_sharded(lightning)
         kwargs["strategy"] = BlockShardedStrategy()
     return kwargs
 

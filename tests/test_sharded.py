@@ -2,8 +2,9 @@
 gloo, run as the README's scale-up section shows it: the loss curve equals
 one process's with the same global batch, and a resume from its gathered
 checkpoint continues the curve as if never stopped; the after-training
-evaluation and scripts/export_hf.py read the whole model. Plus the settings
-the preset refuses, before any work."""
+evaluation and scripts/export_hf.py read the whole model. DDP with
+checkpointed blocks gives the same curve too. Plus the settings the preset
+refuses, before any work."""
 
 import csv
 import glob
@@ -62,9 +63,12 @@ def test_two_cpu_ranks_train_resume_evaluate_and_export_like_one_process(tiny_da
     # As README's scale-up section runs it: two ranks of half the batch, stopped after 3 steps.
     first = train([*data_overrides(tiny_data_options, half), *SETTINGS, "trainer=fsdp", "trainer.devices=2",
                    f"trainer.max_steps={STEPS // 2}"], sharded)
-    # Meanwhile, the reference: one process, the whole batch, all the steps.
+    # Meanwhile, the reference: one process, the whole batch, all the steps; and DDP on two ranks with
+    # the same checkpointed blocks for the first sitting's steps.
     one = train([*data_overrides(tiny_data_options, 2 * half), *SETTINGS, "trainer.devices=1",
                  f"trainer.max_steps={STEPS}"], tmp_path / "one")
+    ddp = train([*data_overrides(tiny_data_options, half), *SETTINGS, "trainer.strategy=ddp", "trainer.devices=2",
+                 f"trainer.max_steps={STEPS // 2}"], tmp_path / "ddp")
     finished(first)
     ckpt = torch.load(sharded / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
     assert ckpt["global_step"] == STEPS // 2
@@ -73,6 +77,7 @@ def test_two_cpu_ranks_train_resume_evaluate_and_export_like_one_process(tiny_da
 
     finished(train([f"resume={sharded}", f"trainer.max_steps={STEPS}"], sharded))
     finished(one)
+    finished(ddp)
 
     expected, got = curve(tmp_path / "one"), curve(sharded)
     # In order: Lightning logs the steps of a finished run extended on resume one index on (4, 5, 6).
@@ -80,6 +85,8 @@ def test_two_cpu_ranks_train_resume_evaluate_and_export_like_one_process(tiny_da
     assert len(expected) == len(got) == STEPS, (expected, got)
     assert got == pytest.approx(expected, rel=2e-5), (expected, got)
     assert len({round(v, 4) for v in got}) == STEPS  # it trained: the curve moves at every step
+    under_ddp = curve(tmp_path / "ddp")
+    assert [under_ddp[s] for s in sorted(under_ddp)] == pytest.approx(expected[: STEPS // 2], rel=2e-5)
 
     # The final weights equal one process's; the evaluation after training ran on rank 0.
     final = torch.load(sharded / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
