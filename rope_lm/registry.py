@@ -50,3 +50,19 @@ class Registry:
                 f"Valid names are: {', '.join(self.names())}."
             )
         return self._entries[name]
+
+    def build(self, options: dict | None, *args, default: str | None = None):
+        """An instance from its settings ({name: ..., knob: value, ...}):
+        `args` come first (e.g. a scheme's Dims); a knob the class does not
+        take is a ConfigError naming the settings and their config file."""
+        options = dict(options or {"name": default})
+        name = options.pop("name", default)
+        cls = self.get(name)
+        try:
+            return cls(*args, **options)
+        except TypeError as e:
+            group = self.config_key.split(".")[0]
+            raise ConfigError(
+                f"{self.kind[0].upper() + self.kind[1:]} {name!r} got an option it does not take ({e}). "
+                f"Check the `{group}.*` settings against conf/{group}/{name}.yaml."
+            ) from None

@@ -11,16 +11,7 @@ from rope_lm.scaling.base import METHODS, ScalingMethod, methods_for
 
 
 def build_scaling(options: dict | None) -> ScalingMethod:
-    options = dict(options or {"name": "none"})
-    name = options.pop("name", "none")
-    cls = METHODS.get(name)
-    try:
-        return cls(**options)
-    except TypeError as e:
-        raise ConfigError(
-            f"Extrapolation method {name!r} got an option it does not take ({e}). "
-            f"Check the `scaling.*` settings against conf/scaling/{name}.yaml."
-        ) from None
+    return METHODS.build(options, default="none")
 
 
 def method_label(options: dict | None) -> str:

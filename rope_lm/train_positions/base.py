@@ -66,16 +66,7 @@ def check_factor(name: str, factor) -> float:
 
 
 def build_train_positions(options: dict | None) -> TrainPositions:
-    options = dict(options or {"name": "none"})
-    name = options.pop("name", "none")
-    cls = TRAIN_POSITIONS.get(name)
-    try:
-        return cls(**options)
-    except TypeError as e:
-        raise ConfigError(
-            f"Training-time position method {name!r} got an option it does not take ({e}). Check the "
-            f"`train_pos.*` settings against conf/train_pos/{name}.yaml."
-        ) from None
+    return TRAIN_POSITIONS.build(options, default="none")
 
 
 def train_positions_label(options: dict | None) -> str:
