@@ -21,8 +21,8 @@ def _poison(monkeypatch, steps):
     """Make the loss NaN at the given global steps, as a diverging run would."""
     real = lit_module.LitLM.loss
 
-    def loss(self, batch):
-        value = real(self, batch)
+    def loss(self, batch, pos=None):
+        value = real(self, batch, pos)
         return value * float("nan") if self.global_step in steps else value
 
     monkeypatch.setattr(lit_module.LitLM, "loss", loss)

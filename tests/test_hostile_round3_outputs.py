@@ -27,8 +27,11 @@ def script(name, *args, cwd):
 def one_paragraph(done, status, *words):
     err = done.stderr.strip()
     assert done.returncode == status, err[-3000:]
-    assert "Traceback" not in err + done.stdout and "\n\n" not in err, err
-    flat = " ".join(err.split())
+    # The scripts' progress lines ([rope_lm...], stderr) may come first; the error is the one paragraph after them.
+    *progress, paragraph = err.split("\n\n")
+    assert "Traceback" not in err + done.stdout and paragraph.startswith("rope-lm:"), err
+    assert all(line.startswith("[rope_lm") for part in progress for line in part.splitlines()), err
+    flat = " ".join(paragraph.split())
     for word in words:
         assert word in flat, err
 
