@@ -18,9 +18,10 @@ from rope_lm import attention
 from rope_lm.attention import AttnPlan, attend, flex_path
 from rope_lm.errors import ConfigError
 from rope_lm.kv_cache import KVCache
-from rope_lm.model import ModelConfig, TransformerLM, check_fit
+from rope_lm.model import TransformerLM, check_fit
 from rope_lm.positional import Dims, PosContext, build_scheme
 from rope_lm.scaling import build_scaling, method_label
+from tests.test_layout import config as layout_config, model as layout_model, tokens
 
 L = 16
 DIMS = Dims(d_model=32, n_head=4, head_dim=8, n_layer=2, train_len=L)
@@ -172,20 +173,11 @@ def test_window_method_sinks_and_their_label():
 
 
 def config(n_layer=2, **extra):
-    return ModelConfig(vocab_size=61, train_len=L, n_layer=n_layer, n_head=4, n_kv_head=2, d_model=32, **extra)
+    return layout_config(n_layer=n_layer, **extra)
 
 
-def model(pos="nope", scaling=None, seed=0, **extra):
-    torch.manual_seed(seed)
-    m = TransformerLM(config(**extra), {"name": pos}, scaling)
-    with torch.no_grad():
-        for p in m.parameters():
-            p.add_(torch.randn_like(p) * 0.05)
-    return m.eval()
-
-
-def tokens(n, seed=1):
-    return torch.randint(0, 61, (2, n), generator=torch.Generator().manual_seed(seed))
+def model(pos="nope", scaling=None, seed=0, n_layer=2, **extra):
+    return layout_model(extra.pop("layout", None), {"name": pos}, scaling, seed, n_layer=n_layer, **extra)
 
 
 def attention_by_hand(attn, x, rows_scale, allowed, sink=None):
