@@ -7,13 +7,21 @@ from rope_lm.tables import markdown_table as table
 
 
 def flops_per_token(counts: dict, model_cfg: dict, vocab: int, seq_len: int, training: bool) -> float:
-    """6N + 12 L T d for a training token (2N + 4 L T d for a forward-only one),
+    """6N + 12 S d for a training token (2N + 4 S d for a forward-only one),
     N the non-embedding parameters plus the output projection, whose matmul
-    is real work even when it is tied to the embedding."""
+    is real work even when it is tied to the embedding, and S the keys a query
+    reads summed over layers: T for a full layer, min(W, T) for a layer of
+    model.layout with a sliding window of W (counting T there would credit a
+    windowed model with work it never does: MFU above 100%)."""
+    from rope_lm.layout import layer_specs
+
     n = counts["params_non_embedding"] + vocab * model_cfg["d_model"]
     if not model_cfg.get("tie_embeddings", True):
         n = counts["params_non_embedding"]
-    attn = model_cfg["n_layer"] * seq_len * model_cfg["d_model"]
+    specs = layer_specs(model_cfg.get("layout"), {"name": "rope"}, model_cfg["n_layer"])
+    spans = [seq_len if spec is None or spec.window is None else min(spec.window, seq_len)
+             for spec in (specs or [None] * model_cfg["n_layer"])]
+    attn = sum(spans) * model_cfg["d_model"]
     return 6 * n + 12 * attn if training else 2 * n + 4 * attn
 
 

@@ -107,7 +107,7 @@ def _theirs(twin, idx, n):
         t1 = time.perf_counter()
         out.append(tok)
         for _ in range(n - 1):
-            o = twin(tok, cache=past, use_cache=True)
+            o = twin(tok, past_key_values=past, use_cache=True)
             past, tok = o.past_key_values, o.logits[:, -1:].argmax(-1)
             out.append(tok)
         t2 = time.perf_counter()

@@ -177,7 +177,7 @@ def run_training(s: BenchSettings, log) -> list[dict]:
                    **e["counts"], "compiled": e["warm"].get("compiled"), "warmup_s": e["warm"]["seconds"],
                    "peak_mem_mb": max(e["mem"]), "memory": "cuda max_memory_allocated" if s.device == "cuda"
                    else "peak RSS of the peer's process",
-                   "flops_per_token": flops_per_token(e["counts"], s.models[model_label], s.vocab_size, s.seq_len,
+                   "flops_per_token": flops_per_token(e["counts"], e["spec"]["model_cfg"], s.vocab_size, s.seq_len,
                                                       True)}
             row["mfu"] = row["flops_per_token"] * row["tokens_per_s"] / (s.peak_tflops * 1e12) if s.peak_tflops else None
             rows.append(row)
@@ -212,7 +212,7 @@ def run_evaluation(s: BenchSettings, log, on_row=None) -> list[dict]:
                         continue
                     row.update(out)
                     counts = {"params": out["params"], "params_non_embedding": out["params_non_embedding"]}
-                    row["flops_per_token"] = flops_per_token(counts, model_cfg, s.vocab_size, L, False)
+                    row["flops_per_token"] = flops_per_token(counts, spec["model_cfg"], s.vocab_size, L, False)
                     row["mfu"] = (row["flops_per_token"] * row["tokens_per_s"] / (s.peak_tflops * 1e12)
                                   if s.peak_tflops else None)
                     if out.get("compiled") is False:

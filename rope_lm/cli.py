@@ -24,7 +24,14 @@ from rope_lm.errors import ConfigError, Interrupted, RopeLMError
 from rope_lm.run_folder import Status, check_writable
 
 
-_RUN_ID = secrets.token_hex(3)
+_RUN_IDS: dict[int, str] = {}
+
+
+def _run_id() -> str:
+    # Drawn on first use in each process, not at import: a process forked
+    # from one that imported this module (a forkserver, a worker pool) gets
+    # its own folder name.
+    return _RUN_IDS.setdefault(os.getpid(), secrets.token_hex(3))
 
 
 def register_resolvers() -> None:
@@ -33,7 +40,7 @@ def register_resolvers() -> None:
     ${layout_tag:...}: a layout's name beside the scheme's;
     ${train_tag:${train_pos}}: "" for plain training positions, else "-" and
     the method's label, so a run folder names how its ids were drawn."""
-    OmegaConf.register_new_resolver("run_id", lambda: _RUN_ID, replace=True)
+    OmegaConf.register_new_resolver("run_id", _run_id, replace=True)
     # ${layout_tag:${oc.select:model.layout,null}}: "+<layout name>" in run folder names, "" without a layout.
     OmegaConf.register_new_resolver("layout_tag", _layout_tag, replace=True)
     OmegaConf.register_new_resolver("train_tag", _train_tag, replace=True)

@@ -1,13 +1,12 @@
 """Bad configurations and inputs are refused before any training, with one
 paragraph that names the setting and says what would be valid."""
-
-import subprocess
 import sys
 
 import pytest
 
 from rope_lm.errors import ConfigError
 from rope_lm.pipeline import train_and_evaluate
+from tests import forked
 from tests.conftest import ROOT, cli_overrides
 
 
@@ -112,8 +111,8 @@ def test_resuming_into_a_different_model_is_refused(tiny_config, tmp_path):
 ])
 def test_cli_prints_one_paragraph_and_no_traceback(tiny_data_options, tmp_path, override, status, pattern):
     args = [a for a in cli_overrides(tiny_data_options, tmp_path / "run") if not a.startswith("model.d_model")]
-    done = subprocess.run([sys.executable, "train.py", *args, "trainer.max_steps=2", override], cwd=ROOT,
-                          capture_output=True, text=True)
+    done = forked.run([sys.executable, "train.py", *args, "trainer.max_steps=2", override], cwd=ROOT,
+                      capture_output=True, text=True)
     assert done.returncode == status
     assert pattern in " ".join(done.stderr.split())
     assert "Traceback" not in done.stderr + done.stdout

@@ -5,7 +5,6 @@ import csv
 import json
 import math
 import os
-import subprocess
 import sys
 
 import pytest
@@ -13,6 +12,7 @@ import pytest
 from rope_lm.compare import compare, find_results, log_to_wandb
 from rope_lm.errors import ConfigError
 from rope_lm.loggers import run_tags, sweep_group
+from tests import forked
 from tests.conftest import ROOT
 
 
@@ -160,8 +160,8 @@ def test_interrupted_runs_are_listed_as_skipped(tmp_path):
 def test_script_refuses_mixed_runs_in_one_paragraph(tmp_path):
     write_run(tmp_path / "s" / "a", "rope")
     write_run(tmp_path / "s" / "b", "rope", train_len=128)
-    proc = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "compare.py"), f"path={tmp_path / 's'}"],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    proc = forked.run([sys.executable, os.path.join(ROOT, "scripts", "compare.py"), f"path={tmp_path / 's'}"],
+                      cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     assert "configuration error" in proc.stderr and "group=true" in proc.stderr and "Traceback" not in proc.stderr
     assert len(proc.stderr.strip().split("\n\n")) == 1  # one paragraph
@@ -169,12 +169,12 @@ def test_script_refuses_mixed_runs_in_one_paragraph(tmp_path):
 
 def test_script_help_and_two_paths(tmp_path):
     script = os.path.join(ROOT, "scripts", "compare.py")
-    done = subprocess.run([sys.executable, script, "--help"], capture_output=True, text=True, timeout=120)
+    done = forked.run([sys.executable, script, "--help"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and "paths=[" in done.stdout and "group: false" in done.stdout
     write_run(tmp_path / "a", "rope")
     write_run(tmp_path / "b", "alibi")
-    done = subprocess.run([sys.executable, script, f"paths=[{tmp_path / 'a'},{tmp_path / 'b'}]", f"out={tmp_path / 'o'}"],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    done = forked.run([sys.executable, script, f"paths=[{tmp_path / 'a'},{tmp_path / 'b'}]", f"out={tmp_path / 'o'}"],
+                      cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "o" / "compare.csv").exists() and sorted(os.listdir(tmp_path)) == ["a", "b", "o"]
 

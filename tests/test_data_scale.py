@@ -6,7 +6,6 @@ import json
 import logging
 import multiprocessing
 import os
-import subprocess
 import sys
 import textwrap
 
@@ -17,6 +16,7 @@ from rope_lm.config import split_data
 from rope_lm.corpus import SourceConfig, load_documents
 from rope_lm.data import prepare
 from rope_lm.errors import ConfigError
+from tests import forked
 from tests.conftest import ROOT, write_corpus
 
 
@@ -99,8 +99,8 @@ def test_build_memory_is_bounded_on_a_corpus_four_times_the_bound(tmp_path):
     opts = {"name": "big", "source": "files", "path": str(tmp_path / "corpus"), "tokenizer": str(tmp_path / "tokenizer.json"),
             "cache_dir": str(tmp_path / "cache"), "memory_mb": 16, "num_proc": 1}
     env = {**os.environ, "PYTHONPATH": ROOT}
-    out = subprocess.run([sys.executable, "-c", MEMORY_PROBE, json.dumps(opts)], capture_output=True, text=True,
-                         env=env, timeout=600)
+    out = forked.run([sys.executable, "-c", MEMORY_PROBE, json.dumps(opts)], capture_output=True, text=True,
+                     env=env, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["tokens"] > 64

@@ -5,7 +5,6 @@ similarity, and the scripts end to end on a tiny checkpoint."""
 import json
 import math
 import os
-import subprocess
 import sys
 
 import pytest
@@ -15,6 +14,7 @@ from omegaconf import OmegaConf
 from rope_lm import diagnostics as D
 from rope_lm.errors import ConfigError
 from rope_lm.model import build_model
+from tests import forked
 from tests.conftest import ROOT, TINY_MODEL
 
 POS_CONF = os.path.join(ROOT, "conf", "pos")
@@ -49,8 +49,8 @@ def save_tiny_checkpoint(path, cache, data_options, pos=None, train_len=16, mode
 def run_script(name, *args, status=0, cwd=None):
     """Run scripts/<name> with key=value arguments as a user would; returns
     the finished process after checking its exit status."""
-    done = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", name), *map(str, args)], cwd=cwd or ROOT,
-                          capture_output=True, text=True, timeout=300)
+    done = forked.run([sys.executable, os.path.join(ROOT, "scripts", name), *map(str, args)], cwd=cwd or ROOT,
+                      capture_output=True, text=True, timeout=300)
     assert done.returncode == status, done.stderr[-3000:]
     return done
 

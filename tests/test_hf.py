@@ -5,7 +5,6 @@ models are exported and reloaded by transformers with the same logits."""
 
 import json
 import os
-import subprocess
 import sys
 
 import pytest
@@ -20,6 +19,8 @@ from conftest import ROOT  # noqa: E402
 from rope_lm.errors import ConfigError  # noqa: E402
 from rope_lm.hf import export_hf, hf_init, load_hf  # noqa: E402
 from rope_lm.model import build_model  # noqa: E402
+
+from tests import forked
 
 hf_logging.set_verbosity_error()
 
@@ -221,8 +222,8 @@ def test_loading_holds_one_copy_of_the_weights(tmp_path):
         "model, _, _ = rope_lm.hf.load_hf(sys.argv[1])\n"
         "print(status('VmHWM:') - before)\n"
     )
-    out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "big"), small], capture_output=True, text=True,
-                         env={**os.environ, "PYTHONPATH": ROOT}, check=True)
+    out = forked.run([sys.executable, "-c", code, str(tmp_path / "big"), small], capture_output=True, text=True,
+                     env={**os.environ, "PYTHONPATH": ROOT}, check=True)
     grown = int(out.stdout.strip().splitlines()[-1])
     assert size > 100e6
     assert 0.9 * size < grown < 1.25 * size, f"peak RSS grew by {grown / 1e6:.0f} MB for {size / 1e6:.0f} MB of weights"
@@ -342,8 +343,8 @@ def test_export_script_writes_a_trained_checkpoint(tiny_config, tmp_path):
     tiny_config["trainer"].update(max_steps=2, val_every_n_steps=2, ckpt_every_n_steps=2)
     train_and_evaluate(tiny_config, str(tmp_path / "run"))
     out = tmp_path / "exported"
-    result = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "export_hf.py"), f"ckpt={tmp_path / 'run'}",
-                             f"out={out}"], capture_output=True, text=True)
+    result = forked.run([sys.executable, os.path.join(ROOT, "scripts", "export_hf.py"), f"ckpt={tmp_path / 'run'}",
+                         f"out={out}"], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     lit = open_model(str(tmp_path / "run"), "cpu").lit
     theirs = AutoModelForCausalLM.from_pretrained(str(out), attn_implementation="eager").eval()
@@ -366,8 +367,8 @@ def test_export_script_refuses_a_model_transformers_cannot_express(tiny_config, 
 
     tiny_config["trainer"].update(max_steps=1, val_every_n_steps=1, ckpt_every_n_steps=1)
     train_and_evaluate(tiny_config, str(tmp_path / "run"))  # GELU MLP
-    result = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "export_hf.py"), f"ckpt={tmp_path / 'run'}",
-                             f"out={tmp_path / 'x'}"], capture_output=True, text=True)
+    result = forked.run([sys.executable, os.path.join(ROOT, "scripts", "export_hf.py"), f"ckpt={tmp_path / 'run'}",
+                         f"out={tmp_path / 'x'}"], capture_output=True, text=True)
     assert result.returncode == 2 and "model.mlp=gelu" in result.stderr
 
 

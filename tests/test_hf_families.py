@@ -22,6 +22,8 @@ from rope_lm.hf import export_hf, hf_lit, load_hf  # noqa: E402
 from rope_lm.model import ModelConfig, build_model  # noqa: E402
 from test_hf import edit_config, randomize, tokens  # noqa: E402
 
+from tests import forked
+
 hf_logging.set_verbosity_error()
 
 VOCAB, MAX_POS, N_LAYER = 300, 32, 4
@@ -396,7 +398,6 @@ def test_a_trained_gemma_shaped_layout_exports_through_the_script(tiny_config, t
     """train.py's pipeline trains a rope-lm model with Gemma 3's block and a
     local/global layout (the model options checked like any other setting);
     scripts/export_hf.py writes it; transformers reloads it with its logits."""
-    import subprocess
     import sys
 
     from conftest import ROOT
@@ -410,8 +411,8 @@ def test_a_trained_gemma_shaped_layout_exports_through_the_script(tiny_config, t
     tiny_config["trainer"].update(max_steps=2, val_every_n_steps=2, ckpt_every_n_steps=2)
     train_and_evaluate(tiny_config, str(tmp_path / "run"))
     out = tmp_path / "exported"
-    result = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "export_hf.py"), f"ckpt={tmp_path / 'run'}",
-                             f"out={out}"], capture_output=True, text=True)
+    result = forked.run([sys.executable, os.path.join(ROOT, "scripts", "export_hf.py"), f"ckpt={tmp_path / 'run'}",
+                         f"out={out}"], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     config = json.load(open(out / "config.json"))
     assert config["architectures"] == ["Gemma3ForCausalLM"] and config["query_pre_attn_scalar"] == 16

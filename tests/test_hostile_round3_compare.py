@@ -5,9 +5,9 @@ really differs between them, not by the options one of them lacks."""
 
 import hashlib
 import os
-import subprocess
 import sys
 
+from tests import forked
 from tests.conftest import ROOT
 from tests.test_compare import write_run
 
@@ -15,8 +15,8 @@ SCRIPT = os.path.join(ROOT, "scripts", "compare.py")
 
 
 def compare(tmp_path, *args):
-    return subprocess.run([sys.executable, SCRIPT, *args], cwd=tmp_path, capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "PYTHONPATH": ROOT})
+    return forked.run([sys.executable, SCRIPT, *args], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                      env={**os.environ, "PYTHONPATH": ROOT})
 
 
 def digest(path):

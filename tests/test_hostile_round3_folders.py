@@ -14,6 +14,7 @@ import textwrap
 
 import pytest
 
+from tests import forked
 from tests.conftest import ROOT
 from tests.test_lost_work import digest, one_paragraph, run_args, train
 
@@ -23,7 +24,7 @@ EVAL = os.path.join(ROOT, "scripts", "eval_extrapolation.py")
 def _can_mount_read_only() -> bool:
     probe = "d=$(mktemp -d) && mount --bind $d $d && mount -o remount,ro,bind $d && ! touch $d/x 2>/dev/null"
     try:
-        return subprocess.run(["unshare", "-rm", "sh", "-c", probe], capture_output=True, timeout=30).returncode == 0
+        return forked.run(["unshare", "-rm", "sh", "-c", probe], capture_output=True, timeout=30).returncode == 0
     except (OSError, subprocess.TimeoutExpired):
         return False
 
@@ -38,8 +39,8 @@ def run_read_only(folder, args, cwd):
     q = shlex.quote
     script = (f"mount --bind {q(str(folder))} {q(str(folder))} && mount -o remount,ro,bind {q(str(folder))} "
               f"&& cd {q(str(cwd))} && exec \"$@\"")
-    return subprocess.run(["unshare", "-rm", "sh", "-c", script, "sh", *args], capture_output=True, text=True,
-                          timeout=600, env={**os.environ, "PYTHONPATH": ROOT})
+    return forked.run(["unshare", "-rm", "sh", "-c", script, "sh", *args], capture_output=True, text=True,
+                      timeout=600, env={**os.environ, "PYTHONPATH": ROOT})
 
 
 def no_hydra_dir(args):
@@ -82,8 +83,8 @@ def ckpt_run(tiny_data_options, tmp_path_factory):
 
 
 def evaluate(args, script=EVAL):
-    return subprocess.run([sys.executable, script, *args], cwd=ROOT, capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "PYTHONPATH": ROOT})
+    return forked.run([sys.executable, script, *args], cwd=ROOT, capture_output=True, text=True, timeout=600,
+                      env={**os.environ, "PYTHONPATH": ROOT})
 
 
 def copy_run(run, tmp_path):

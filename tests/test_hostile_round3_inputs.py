@@ -14,6 +14,7 @@ import time
 import pytest
 import yaml
 
+from tests import forked
 from tests.conftest import ROOT, cli_overrides, write_corpus
 from tests.test_lost_work import one_paragraph
 
@@ -24,8 +25,8 @@ CLOSED_PORT = "http://127.0.0.1:9"  # the discard port: nothing listens, so no h
 
 def run(script, args, env=None, timeout=300, unset=()):
     environ = {k: v for k, v in os.environ.items() if k not in unset}
-    return subprocess.run([sys.executable, os.path.join(ROOT, script), *args], cwd=ROOT, capture_output=True,
-                          text=True, timeout=timeout, env={**environ, "PYTHONPATH": ROOT, **(env or {})})
+    return forked.run([sys.executable, os.path.join(ROOT, script), *args], cwd=ROOT, capture_output=True,
+                      text=True, timeout=timeout, env={**environ, "PYTHONPATH": ROOT, **(env or {})})
 
 
 def digest(folder) -> dict:
@@ -177,8 +178,8 @@ def test_cache_builds_wait_aloud_reuse_read_only_and_clear_a_killed_builds_lefto
     (lock_path,) = glob.glob(str(cache / "*-source-*.json.lock"))
     log = tmp_path / "second.log"
     with FileLock(lock_path), open(log, "w") as out:  # another process is building
-        second = subprocess.Popen([sys.executable, os.path.join(ROOT, "scripts/prepare_data.py"), *args], cwd=ROOT,
-                                  stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONPATH": ROOT})
+        second = forked.start([sys.executable, os.path.join(ROOT, "scripts/prepare_data.py"), *args], cwd=ROOT,
+                              stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONPATH": ROOT})
         deadline = time.monotonic() + 120
         while "Waiting for another process" not in log.read_text() and time.monotonic() < deadline:
             if second.poll() is not None:

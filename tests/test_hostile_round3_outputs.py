@@ -5,11 +5,11 @@ to push the next run's number up (item 6)."""
 
 import hashlib
 import os
-import subprocess
 import sys
 
 import pytest
 
+from tests import forked
 from tests.conftest import ROOT
 from tests.test_diagnostics import save_tiny_checkpoint
 
@@ -20,8 +20,8 @@ LLAMA = {"name": "llama", "n_layer": 2, "n_head": 4, "n_kv_head": 2, "d_model": 
 
 
 def script(name, *args, cwd):
-    return subprocess.run([sys.executable, os.path.join(ROOT, "scripts", name), *map(str, args)], cwd=cwd,
-                          capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": ROOT})
+    return forked.run([sys.executable, os.path.join(ROOT, "scripts", name), *map(str, args)], cwd=cwd,
+                      capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": ROOT})
 
 
 def one_paragraph(done, status, *words):

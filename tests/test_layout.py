@@ -3,7 +3,6 @@ scheme, settings and window, checked against the model's blocks run by hand
 with the schemes and plans each layer should get."""
 
 import os
-import subprocess
 import sys
 
 import pytest
@@ -18,6 +17,8 @@ from rope_lm.layout import layer_specs
 from rope_lm.model import ModelConfig, TransformerLM, check_fit
 from rope_lm.positional import SCHEMES, PosContext, build_scheme
 from rope_lm.scaling import build_scaling
+
+from tests import forked
 
 L = 16
 
@@ -163,8 +164,8 @@ def test_presets_build_and_a_layout_run_trains_and_evaluates(tiny_data_options, 
     run = tmp_path / "run"
     args = [a.replace("model.n_layer=2", "model.n_layer=4")
             for a in cli_overrides(tiny_data_options, run, **{"trainer.max_steps": 6})]
-    done = subprocess.run([sys.executable, "train.py", "+layout=nope_every_4", *args],
-                          cwd=ROOT, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": ROOT})
+    done = forked.run([sys.executable, "train.py", "+layout=nope_every_4", *args],
+                      cwd=ROOT, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": ROOT})
     assert done.returncode == 0, done.stderr[-3000:]
     with open(run / "results.json") as f:
         results = __import__("json").load(f)

@@ -16,6 +16,7 @@ import torch
 
 from rope_lm.checkpointing import read_checkpoint
 from rope_lm.lit import warmup_cosine
+from tests import forked
 from tests.conftest import ROOT, cli_overrides, write_corpus
 
 FAST = {"trainer.max_steps": 6, "trainer.val_every_n_steps": 3, "trainer.ckpt_every_n_steps": 3,
@@ -24,8 +25,8 @@ FAST = {"trainer.max_steps": 6, "trainer.val_every_n_steps": 3, "trainer.ckpt_ev
 
 def train(args, cwd=ROOT, script=None, env=None):
     cmd = [sys.executable, script or os.path.join(ROOT, "train.py"), *args]
-    return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=600,
-                          env={**os.environ, **(env or {})})
+    return forked.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=600,
+                      env={**os.environ, **(env or {})})
 
 
 def run_args(data_options, run_dir, **extra):
@@ -140,8 +141,8 @@ def test_an_extended_run_that_is_interrupted_resumes_again(finished_run):
 
 def test_two_runs_started_together_get_their_own_folders(tiny_data_options, tmp_path):
     args = [a for a in run_args(tiny_data_options, "unused") if not a.startswith("hydra.run.dir")]
-    procs = [subprocess.Popen([sys.executable, os.path.join(ROOT, "train.py"), *args, f"seed={s}"], cwd=tmp_path,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for s in (1, 2)]
+    procs = [forked.start([sys.executable, os.path.join(ROOT, "train.py"), *args, f"seed={s}"], cwd=tmp_path,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for s in (1, 2)]
     outs = [p.communicate(timeout=600) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outs[0][1][-2000:] + outs[1][1][-2000:]
     runs = sorted(glob.glob(str(tmp_path / "outputs" / "*" / "*")))
@@ -192,14 +193,14 @@ def test_evaluation_writes_its_own_folder_and_keeps_results(finished_run):
     before = digest(finished_run)
     script = os.path.join(ROOT, "scripts", "eval_extrapolation.py")
     for n in (1, 2):
-        done = subprocess.run([sys.executable, script, f"ckpt={finished_run}", "eval.token_budget=256",
-                               "eval.multipliers=[1,2]"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+        done = forked.run([sys.executable, script, f"ckpt={finished_run}", "eval.token_budget=256",
+                           "eval.multipliers=[1,2]"], cwd=ROOT, capture_output=True, text=True, timeout=600)
         assert done.returncode == 0, done.stderr[-3000:]
     assert digest(finished_run) == before  # the training run's own files are untouched
     assert results(os.path.join(finished_run, "eval", "none"))["results"]
     assert results(os.path.join(finished_run, "eval", "none-2"))["results"]
-    refused = subprocess.run([sys.executable, script, f"ckpt={finished_run}", f"out={finished_run}"], cwd=ROOT,
-                             capture_output=True, text=True, timeout=600)
+    refused = forked.run([sys.executable, script, f"ckpt={finished_run}", f"out={finished_run}"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=600)
     message = one_paragraph(refused, 2)
     assert f"out={finished_run} already holds results" in message
     assert digest(finished_run) == before
@@ -215,8 +216,8 @@ def test_evaluating_something_that_is_not_a_checkpoint(tmp_path, content, patter
     else:
         path.write_bytes(content)
     script = os.path.join(ROOT, "scripts", "eval_extrapolation.py")
-    done = subprocess.run([sys.executable, script, f"ckpt={path}"], cwd=ROOT, capture_output=True, text=True,
-                          timeout=600)
+    done = forked.run([sys.executable, script, f"ckpt={path}"], cwd=ROOT, capture_output=True, text=True,
+                      timeout=600)
     assert pattern in one_paragraph(done, 2)
 
 
@@ -234,8 +235,8 @@ def test_one_bad_job_does_not_end_a_sweep(tiny_data_options, tmp_path):
     assert [j["status"] for j in jobs] == ["failed", "complete"]
     assert results(jobs[1]["output_dir"])["status"] == "complete"  # the job after the failure ran
     assert results(jobs[0]["output_dir"])["status"] == "failed"
-    compared = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "compare.py"), f"path={sweep}"], cwd=ROOT,
-                              capture_output=True, text=True, timeout=600)
+    compared = forked.run([sys.executable, os.path.join(ROOT, "scripts", "compare.py"), f"path={sweep}"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=600)
     assert compared.returncode == 0, compared.stderr[-2000:]
     assert "FAILED: `" in compared.stdout and "is not divisible" in compared.stdout
 

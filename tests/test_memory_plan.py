@@ -5,7 +5,6 @@ to 8k is benchmarks/activation_memory.py), the longest length that fits
 checked by tracing either side of it, sharding applied, and its refusals."""
 
 import os
-import subprocess
 import sys
 
 import pytest
@@ -16,6 +15,8 @@ from rope_lm.memory_plan import GiB, Setup, longest_fit, per_device, setup_of, t
 
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 from activation_memory import _in_fresh_process, model_shape, planned  # noqa: E402
+
+from tests import forked
 
 VOCAB = 4096
 
@@ -58,16 +59,16 @@ def test_the_longest_length_fits_and_64_tokens_more_do_not():
 
 
 def test_the_script_takes_train_overrides(tmp_path):
-    done = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "plan_memory.py"), "model=tiny",
-                           "data.seq_len=256", "data.batch_size=2", "trainer=fsdp", "trainer.devices=2"],
-                          cwd=tmp_path, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": ROOT})
+    done = forked.run([sys.executable, os.path.join(ROOT, "scripts", "plan_memory.py"), "model=tiny",
+                       "data.seq_len=256", "data.batch_size=2", "trainer=fsdp", "trainer.devices=2"],
+                      cwd=tmp_path, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": ROOT})
     assert done.returncode == 0, done.stderr[-2000:]
     for row in ("parameters", "gradients", "optimizer state", "activations", "attention workspace",
                 "loss / logits", "total", "2 device(s), fsdp"):
         assert row in done.stdout, row
     assert not os.listdir(tmp_path)  # writes nothing
-    bad = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "plan_memory.py"), "device_gb=-1"],
-                         cwd=tmp_path, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": ROOT})
+    bad = forked.run([sys.executable, os.path.join(ROOT, "scripts", "plan_memory.py"), "device_gb=-1"],
+                     cwd=tmp_path, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": ROOT})
     assert bad.returncode == 2 and "device_gb=-1 must be a positive number" in bad.stderr
 
 

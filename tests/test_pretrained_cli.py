@@ -5,7 +5,6 @@ the same logits."""
 
 import json
 import os
-import subprocess
 import sys
 
 import pytest
@@ -13,6 +12,7 @@ import torch
 
 from rope_lm.corpus import SourceConfig, load_documents
 from rope_lm.data import train_tokenizer
+from tests import forked
 from tests.conftest import ROOT, write_corpus
 
 transformers = pytest.importorskip("transformers")
@@ -21,8 +21,8 @@ MAX_POS = 32
 
 
 def run(args, script):
-    done = subprocess.run([sys.executable, os.path.join(ROOT, script), *args], cwd=ROOT, capture_output=True,
-                          text=True, timeout=900)
+    done = forked.run([sys.executable, os.path.join(ROOT, script), *args], cwd=ROOT, capture_output=True,
+                      text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "Traceback" not in done.stderr
     return done
@@ -115,9 +115,9 @@ def test_passkey_names_an_imported_model_as_the_user_gave_it(tiny_llama, tmp_pat
     result records `hf:<folder>` as given (it once read <cwd>/hf:<folder>)."""
     directory, _ = tiny_llama
     given = f"hf:{os.path.relpath(directory, tmp_path)}"
-    done = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "passkey.py"), f"ckpt={given}",
-                           "lengths=[96]", "depths=[0.5]", "samples=1", "out=pk"], cwd=tmp_path, capture_output=True,
-                          text=True, timeout=900, env={**os.environ, "PYTHONPATH": ROOT})
+    done = forked.run([sys.executable, os.path.join(ROOT, "scripts", "passkey.py"), f"ckpt={given}",
+                       "lengths=[96]", "depths=[0.5]", "samples=1", "out=pk"], cwd=tmp_path, capture_output=True,
+                      text=True, timeout=900, env={**os.environ, "PYTHONPATH": ROOT})
     assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-3000:]
     result = json.load(open(tmp_path / "pk" / "passkey.json"))
     assert result["checkpoint"] == given and result["source"] == given

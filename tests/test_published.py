@@ -3,7 +3,6 @@ small results, from run folders and from compare.py's CSV alike."""
 
 import json
 import os
-import subprocess
 import sys
 
 import pytest
@@ -12,6 +11,7 @@ from rope_lm import published as P
 from rope_lm.errors import ConfigError
 from rope_lm.compare import compare
 from rope_lm.task_compare import compare_tasks
+from tests import forked
 from tests.conftest import ROOT
 from tests.test_compare import write_run
 
@@ -148,11 +148,11 @@ def test_mrr_of_the_committed_task_study():
 def test_script_prints_and_writes_the_table(tmp_path):
     folder = sweep(tmp_path)
     env = {**os.environ, "PYTHONPATH": ROOT}
-    done = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "check_published.py"),
-                           f"studies.pe_extrapolation=[{folder}]", f"studies.pe_with_window_control=[{folder}]",
-                           "studies.rope_scaling=[]",
-                           f"studies.length_generalization=[{tmp_path / 'none'}]", f"out={tmp_path / 'out'}"],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    done = forked.run([sys.executable, os.path.join(ROOT, "scripts", "check_published.py"),
+                       f"studies.pe_extrapolation=[{folder}]", f"studies.pe_with_window_control=[{folder}]",
+                       "studies.rope_scaling=[]",
+                       f"studies.length_generalization=[{tmp_path / 'none'}]", f"out={tmp_path / 'out'}"],
+                      cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
     rows = json.load(open(tmp_path / "out" / "check_published.json"))
     verdicts = {(r["id"], r["verdict"]) for r in rows}

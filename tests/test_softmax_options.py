@@ -6,7 +6,6 @@ biased paths, eager flex, a KV cache's steps), gradients included."""
 import json
 import math
 import os
-import subprocess
 import sys
 
 import pytest
@@ -21,6 +20,7 @@ from rope_lm.kv_cache import KVCache
 from rope_lm.model import TransformerLM, check_fit
 from rope_lm.positional import Dims, PosContext, build_scheme
 from rope_lm.scaling import build_scaling, method_label
+from tests import forked
 from tests.test_layout import config as layout_config, model as layout_model, tokens
 
 L = 16
@@ -380,10 +380,10 @@ def test_a_run_with_the_options_trains_and_evaluates(tiny_data_options, tmp_path
     sinks on every layer, evaluated past L with StreamingLLM's sinks."""
     run = tmp_path / "run"
     args = [a.replace("model.n_layer=2", "model.n_layer=4") for a in cli_overrides(tiny_data_options, run)]
-    done = subprocess.run([sys.executable, "train.py", "+layout=llama4", "+softmax=[ssmax,sink_logits]",
-                           "scaling=streaming_llm", *args, "trainer.max_steps=6", "trainer.val_every_n_steps=3",
-                           "trainer.ckpt_every_n_steps=3"],
-                          cwd=ROOT, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": ROOT})
+    done = forked.run([sys.executable, "train.py", "+layout=llama4", "+softmax=[ssmax,sink_logits]",
+                       "scaling=streaming_llm", *args, "trainer.max_steps=6", "trainer.val_every_n_steps=3",
+                       "trainer.ckpt_every_n_steps=3"],
+                      cwd=ROOT, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": ROOT})
     assert done.returncode == 0, done.stderr[-3000:]
     with open(run / "results.json") as f:
         results = json.load(f)

@@ -16,6 +16,7 @@ from rope_lm.config import resolve_run
 from rope_lm.errors import ConfigError
 from rope_lm.pipeline import claim_train
 from rope_lm.run_folder import RUN_CONFIG, Skip, Start, describe
+from tests import forked
 from tests.conftest import ROOT, cli_overrides
 
 STEPS = 60
@@ -42,14 +43,14 @@ def jobs(sweep_dir):
 
 def test_a_study_in_sittings_ends_like_one_uninterrupted_run(tiny_data_options, tmp_path):
     whole, parts = str(tmp_path / "whole"), str(tmp_path / "parts")
-    done = subprocess.run(sweep_cmd(tiny_data_options, whole), cwd=ROOT, capture_output=True, text=True)
+    done = forked.run(sweep_cmd(tiny_data_options, whole), cwd=ROOT, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
     names = sorted(d for d in os.listdir(whole) if d[0].isdigit())
     assert names == ["0_rope_none_L16", "1_alibi_none_L16"]
 
     # Sitting 1: killed while the second run trains (after one of its checkpoints).
-    proc = subprocess.Popen(sweep_cmd(tiny_data_options, parts), cwd=ROOT, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+    proc = forked.start(sweep_cmd(tiny_data_options, parts), cwd=ROOT, stdout=subprocess.DEVNULL,
+                        stderr=subprocess.DEVNULL)
     ckpt = os.path.join(parts, names[1], "checkpoints", "last.ckpt")
     deadline = time.time() + 300
     while not os.path.exists(ckpt) and proc.poll() is None and time.time() < deadline:
@@ -68,7 +69,7 @@ def test_a_study_in_sittings_ends_like_one_uninterrupted_run(tiny_data_options, 
         json.dump(results, f)
 
     # Sitting 2: the same command finishes the first run's evaluation and resumes the second.
-    again = subprocess.run(sweep_cmd(tiny_data_options, parts), cwd=ROOT, capture_output=True, text=True)
+    again = forked.run(sweep_cmd(tiny_data_options, parts), cwd=ROOT, capture_output=True, text=True)
     assert again.returncode == 0, again.stderr[-3000:]
     assert "evaluating its final checkpoint" in again.stderr and "resuming from step" in again.stderr
     for name in names:
@@ -77,7 +78,7 @@ def test_a_study_in_sittings_ends_like_one_uninterrupted_run(tiny_data_options, 
 
     # Sitting 3: nothing left; nothing is touched.
     stamps = {n: os.path.getmtime(os.path.join(parts, n, "results.json")) for n in names}
-    third = subprocess.run(sweep_cmd(tiny_data_options, parts), cwd=ROOT, capture_output=True, text=True)
+    third = forked.run(sweep_cmd(tiny_data_options, parts), cwd=ROOT, capture_output=True, text=True)
     assert third.returncode == 0, third.stderr[-3000:]
     assert third.stderr.count("its results are complete; skipped") == 2
     assert "2 of them skipped" in third.stderr
@@ -158,8 +159,8 @@ def test_a_study_script_skips_an_evaluation_step_whose_results_are_complete(tmp_
 
 def test_a_sweep_stopped_by_sigterm_says_so_and_the_same_command_finishes_it(tiny_data_options, tmp_path):
     sweep = str(tmp_path / "sweep")
-    proc = subprocess.Popen(sweep_cmd(tiny_data_options, sweep), cwd=ROOT, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)
+    proc = forked.start(sweep_cmd(tiny_data_options, sweep), cwd=ROOT, stdout=subprocess.DEVNULL,
+                        stderr=subprocess.PIPE, text=True)
     ckpt = os.path.join(sweep, "0_rope_none_L16", "checkpoints", "last.ckpt")
     deadline = time.time() + 300
     while not os.path.exists(ckpt) and proc.poll() is None and time.time() < deadline:
@@ -169,7 +170,7 @@ def test_a_sweep_stopped_by_sigterm_says_so_and_the_same_command_finishes_it(tin
     err = " ".join(proc.communicate(timeout=120)[1].split())
     assert "rope-lm sweep: interrupted at job 0" in err and "jobs completed" not in err
     assert jobs(sweep) == [("0_rope_none_L16", "interrupted")]
-    again = subprocess.run(sweep_cmd(tiny_data_options, sweep), cwd=ROOT, capture_output=True, text=True)
+    again = forked.run(sweep_cmd(tiny_data_options, sweep), cwd=ROOT, capture_output=True, text=True)
     assert again.returncode == 0, again.stderr[-3000:]
     assert jobs(sweep) == [("0_rope_none_L16", "complete"), ("1_alibi_none_L16", "complete")]
 

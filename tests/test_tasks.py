@@ -8,7 +8,6 @@ import json
 import os
 import random
 import re
-import subprocess
 import sys
 
 import pytest
@@ -17,6 +16,7 @@ import torch
 from rope_lm.errors import ConfigError
 from rope_lm.tasks import SPECIALS, TASKS, build_task
 from rope_lm import task_run as T
+from tests import forked
 from tests.conftest import ROOT
 
 
@@ -231,8 +231,8 @@ SMALL = ["model.n_layer=1", "model.n_head=2", "model.d_model=32", "train.steps=4
 
 def task_script(*args, cwd, status=0):
     env = {**os.environ, "PYTHONPATH": ROOT}
-    done = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "task.py"), *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=300)
+    done = forked.run([sys.executable, os.path.join(ROOT, "scripts", "task.py"), *args], cwd=cwd, env=env,
+                      capture_output=True, text=True, timeout=300)
     assert done.returncode == status, done.stderr[-3000:]
     return done
 
@@ -263,8 +263,8 @@ def test_sweep_prints_the_table_and_compare_reads_it(tmp_path):
     assert re.search(r"\| copy \(1-3 → 9\) \| \d+% .* / \d+% ", done.stdout)
     assert (tmp_path / "sweep" / "tasks.md").exists()
     env = {**os.environ, "PYTHONPATH": ROOT}
-    cmp = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "compare.py"), "path=sweep"], cwd=tmp_path,
-                         env=env, capture_output=True, text=True, timeout=300)
+    cmp = forked.run([sys.executable, os.path.join(ROOT, "scripts", "compare.py"), "path=sweep"], cwd=tmp_path,
+                     env=env, capture_output=True, text=True, timeout=300)
     assert cmp.returncode == 0, cmp.stderr[-3000:]
     assert "## parity" in cmp.stdout and "| rope |" in cmp.stdout
     rows = open(tmp_path / "sweep" / "compare" / "compare_tasks.csv").read().splitlines()

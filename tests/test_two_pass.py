@@ -14,6 +14,8 @@ from rope_lm.model import ModelConfig, TransformerLM
 from rope_lm.positional import Dims, PosContext, PositionalScheme, build_scheme
 from rope_lm.scaling import build_scaling
 
+from tests import forked
+
 L, T = 16, 40  # trained at 16, read at 40: the far pass bites from distance w on
 H, D = 4, 8
 METHODS = {"rerope": {"window": 6}, "leaky_rerope": {"window": 6, "k": 3.0},
@@ -245,13 +247,12 @@ def test_the_benchmark_runs_at_a_tiny_size(tmp_path):
     """benchmarks/two_pass.py end to end; smoke only, no timing asserted
     (the machine is shared), but its comparison with explicit is read."""
     import os
-    import subprocess
     import sys
 
     from conftest import ROOT
 
-    done = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "two_pass.py"), "models=[tiny]",
-                           "lengths=[48]", "train_len=16", "threads=1"], cwd=tmp_path, capture_output=True, text=True)
+    done = forked.run([sys.executable, os.path.join(ROOT, "benchmarks", "two_pass.py"), "models=[tiny]",
+                       "lengths=[48]", "train_len=16", "threads=1"], cwd=tmp_path, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]
     rows = [line.split("|")[1:-1] for line in done.stdout.splitlines() if line.startswith("| tiny |")]
     assert [r[2].strip() for r in rows] == ["rerope", "leaky_rerope", "self_extend"]
