@@ -91,7 +91,7 @@ def effective_label(e: dict, train_len: int | None = None) -> str:
 def threshold_note(effective: dict) -> str:
     """The rule in one sentence, for the markdown reports."""
     bar = (f"{effective['threshold']:g} x the task's own accuracy at the training length" if effective["relative"]
-           else f"{effective['threshold']:.0%} accuracy")
+           else f"{effective['threshold']:.0%}")
     return (f"Effective length: the longest length up to which accuracy stays above {bar} (RULER's rule, read from "
             f"the shortest length up: a dip ends it even if a longer length recovers); ≥: above at every length "
             f"tested; <: not above at the shortest.")

@@ -192,9 +192,9 @@ def _before(rng: random.Random, depth: float) -> float | None:
 
 class SingleFact(RetrievalTask):
     """qa1. The supporting fact (the asked person's last move) is the target;
-    the same person's earlier move, in another room, comes before it, other
-    people's moves anywhere, so the last move in the text is often someone
-    else's."""
+    the same person's earlier move, in another room, comes before it (at
+    depth 0 there is no before), other people's moves anywhere, so the last
+    move in the text is often someone else's."""
     pattern = _one_of(LOCATIONS)
 
     def instance(self, rng, depth):

@@ -287,7 +287,7 @@ def test_retrieval_script_reports_effective_lengths_and_compare_tabulates_them(t
         assert e == R.effective_length([256, 512], acc, 0.25)  # recomputable from the stored accuracies
         assert (out / f"retrieval_{name}.png").stat().st_size > 0
     md = (out / "retrieval.md").read_text()
-    assert "| effective length |" in md and "| mean of tasks |" in md and "stays above 25% accuracy" in md
+    assert "| effective length |" in md and "| mean of tasks |" in md and "stays above 25% (RULER" in md
     assert "| qa1 |" in done.stdout
 
     done = run("compare.py", f"path={tmp_path / 'run'}", cwd=tmp_path)
