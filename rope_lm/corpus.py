@@ -31,7 +31,7 @@ import sysconfig
 
 import numpy as np
 
-from rope_lm import passkey_text
+from rope_lm import passkey_text, retrieval_mix
 from rope_lm.errors import ConfigError
 
 log = logging.getLogger("rope_lm.corpus")
@@ -391,19 +391,36 @@ def passkey_documents(cfg: SourceConfig) -> dict[str, list[str]]:
     """The base corpus's splits (data.extra.base: stdlib, none, or a path of
     text files) with passkey examples added; deterministic in data.extra.seed."""
     o = passkey_text.corpus_options(cfg.extra or {})
-    base = str(o["base"])
+    return passkey_text.mix_examples(_base_documents(cfg, o["base"]), o, cfg.valid_fraction, cfg.test_fraction)
+
+
+def retrieval_mix_stream(cfg: SourceConfig):
+    """The retrieval battery's tasks as training examples mixed into a base
+    corpus (settings in data.extra; see rope_lm/retrieval_mix.py)."""
+    for split, docs in retrieval_mix_documents(cfg).items():
+        for doc in docs:
+            yield None, SPLIT_BITS[split], doc
+
+
+def retrieval_mix_documents(cfg: SourceConfig) -> dict[str, list[str]]:
+    o = retrieval_mix.corpus_options(cfg.extra or {})
+    return retrieval_mix.mix_examples(_base_documents(cfg, o["base"]), o, cfg.valid_fraction, cfg.test_fraction)
+
+
+def _base_documents(cfg: SourceConfig, base) -> dict[str, list[str]]:
+    """The corpus a generated source mixes its examples into: stdlib, none, or a path of text files."""
+    base = str(base)
     common = dict(valid_fraction=cfg.valid_fraction, test_fraction=cfg.test_fraction, text_field=cfg.text_field,
                   doc_start=cfg.doc_start)
     if base == "none":
-        docs = {"train": [], "valid": [], "test": []}
-    elif base == "stdlib":
-        docs = stdlib_documents(SourceConfig(source="stdlib", **common))
-    else:
-        docs = file_documents(SourceConfig(source="files", path=base, **common))
-    return passkey_text.mix_examples(docs, o, cfg.valid_fraction, cfg.test_fraction)
+        return {"train": [], "valid": [], "test": []}
+    if base == "stdlib":
+        return stdlib_documents(SourceConfig(source="stdlib", **common))
+    return file_documents(SourceConfig(source="files", path=base, **common))
 
 
-READERS = {"stdlib": stdlib_stream, "files": file_stream, "hub": hub_stream, "passkey": passkey_stream}
+READERS = {"stdlib": stdlib_stream, "files": file_stream, "hub": hub_stream, "passkey": passkey_stream,
+           "retrieval_mix": retrieval_mix_stream}
 
 
 def iter_documents(cfg: SourceConfig):

@@ -1,13 +1,11 @@
 """A retrieval battery in natural-text haystacks (RULER, Hsieh et al., 2024;
-needle-in-a-haystack heatmaps): accuracy by context length x needle depth.
+needle-in-a-haystack heatmaps; BABILong, Kuratov et al., 2024): accuracy by
+context length x needle depth, and each task's effective length.
 
-Tasks (each a small class in TASKS):
-  passkey     one needle, the passkey sentence of rope_lm.passkey;
-  multikey    several "special magic number for <word>" needles, one queried;
-  multivalue  one word with several numbers, all asked for in order;
-  multiquery  several words, each with its number, all asked for;
-  vartrack    a chain VAR A = n, VAR B = A, ...: which variables hold n?
-              (a second chain with another value distracts).
+The tasks (lookups: passkey, multikey, multivalue, multiquery, vartrack;
+reasoning: qa1, qa2, cwe, fwe, factqa) are small classes in
+rope_lm/retrieval_tasks.py (TASKS), text only, which the `retrieval_mix`
+training source shares (rope_lm/retrieval_mix.py).
 
 A prompt is built in token ids of the model's own tokenizer; with its answer
 room (the answer's tokens + 4, at least passkey.ANSWER_ROOM) it has exactly
@@ -21,152 +19,36 @@ index), so two models see the same prompts when they share a tokenizer.
 
 Scoring: teacher (the default) runs prompt + answer through the model once;
 a sample is right when the argmax at every answer token is that token (the
-verdict greedy decoding gives on the exact answer tokens). greedy decodes
-len(answer) + 4 tokens and parses the values out of the text, so an answer
-tokenized differently but reading right counts: more lenient, and slower.
+verdict greedy decoding gives on the exact answer tokens), so answers of
+several values (multivalue, multiquery, vartrack, cwe, fwe) are all or
+nothing, in the order the question asks; token_accuracy is the partial
+credit (the share of answer tokens right). greedy decodes len(answer) + 4
+tokens and parses the values out of the text, so an answer tokenized
+differently but reading right counts: more lenient, and slower; cwe and fwe
+then take the words in any order (RULER's all-words match), and the partial
+credit is the share of expected values given.
+
+Effective length (RULER): the longest length up to which a task's accuracy
+stays above a threshold, see effective_length.
 """
 
 from dataclasses import dataclass
 import random
-import re
-import string
 
 import torch
 
 from rope_lm import bootstrap
 from rope_lm import passkey as P
+from rope_lm.effective_length import (  # noqa: F401  (re-exported: R.add_effective, ...)
+    THRESHOLD, add_effective, check_threshold, effective_label, effective_length, threshold_note)
 from rope_lm.errors import ConfigError
+from rope_lm.retrieval_tasks import (  # noqa: F401  (the tasks, re-exported: R.TASKS, R.MultiValue, ...)
+    TASKS, WORDS, CommonWords, FactQA, FrequentWords, Instance, MultiKey, MultiQuery, MultiValue, Needle, Passkey,
+    RetrievalTask, SingleFact, TwoFacts, VariableTracking, build_tasks)
 from rope_lm.tables import markdown_table
 
 SCORING = ("teacher", "greedy")
-WORDS = ("apple", "river", "candle", "mountain", "violin", "harbor", "pencil", "garden", "falcon", "marble", "lantern",
-         "meadow", "copper", "thunder", "island", "saddle", "orchid", "glacier", "compass", "velvet", "anchor", "meteor",
-         "puzzle", "walnut", "blossom", "engine", "feather", "quartz", "tunnel", "whistle")
 GREEDY_EXTRA = 4  # decoded tokens past the answer's own length: room for a differently tokenized answer
-
-
-@dataclass
-class Needle:
-    text: str
-    depth: float
-
-
-@dataclass
-class Instance:
-    needles: list[Needle]
-    question: str
-    values: list[str]  # what the answer must give, in order
-
-    @property
-    def answer(self) -> str:
-        return " " + ", ".join(self.values)
-
-
-def _number(rng: random.Random) -> str:
-    return str(rng.randint(10000, 99999))
-
-
-def _others(rng: random.Random, n: int) -> list[float]:
-    return [rng.random() for _ in range(n)]
-
-
-class RetrievalTask:
-    pattern = r"\d+"  # what a value looks like in decoded text (greedy scoring)
-    max_needles: int | None = None  # None: as many as the prompt length allows
-
-    def __init__(self, needles: int = 4):
-        self.n = needles
-
-    def instance(self, rng: random.Random, depth: float) -> Instance:
-        raise NotImplementedError
-
-    def parse(self, text: str) -> list[str]:
-        return re.findall(self.pattern, text)
-
-
-class Passkey(RetrievalTask):
-    def instance(self, rng, depth):
-        key = _number(rng)
-        return Instance([Needle(P.KEY_SENTENCE.format(key=key), depth)], P.QUESTION, [key])
-
-
-def _keyed(rng: random.Random, n: int, depth: float) -> tuple[list[str], list[str], list[Needle]]:
-    """n words, a number each, their needles: the first at `depth`, the rest anywhere."""
-    words = rng.sample(WORDS, n)
-    values = [_number(rng) for _ in words]
-    depths = [depth] + _others(rng, n - 1)
-    return words, values, [Needle(f" The special magic number for {w} is {v}.", d)
-                           for w, v, d in zip(words, values, depths)]
-
-
-class MultiKey(RetrievalTask):
-    max_needles = len(WORDS)  # a distinct word per key
-    def instance(self, rng, depth):
-        words, values, needles = _keyed(rng, self.n, depth)
-        return Instance(needles, f" What is the special magic number for {words[0]}? The special magic number for "
-                                 f"{words[0]} is", [values[0]])
-
-
-class MultiValue(RetrievalTask):
-    def instance(self, rng, depth):
-        word = rng.choice(WORDS)
-        values = [_number(rng) for _ in range(self.n)]
-        # The first value at `depth`, the rest after it, so the order of the answer is the order in the text.
-        depths = [depth] + sorted(depth + (1 - depth) * x for x in _others(rng, self.n - 1))
-        needles = [Needle(f" One of the special magic numbers for {word} is {v}.", d) for v, d in zip(values, depths)]
-        return Instance(needles, f" What are all the special magic numbers for {word}? The special magic numbers "
-                                 f"for {word} are", values)
-
-
-class MultiQuery(RetrievalTask):
-    max_needles = len(WORDS)
-    def instance(self, rng, depth):
-        words, values, needles = _keyed(rng, self.n, depth)
-        listed = ", ".join(words[:-1]) + f" and {words[-1]}"
-        return Instance(needles, f" What are the special magic numbers for {listed}? The special magic numbers for "
-                                 f"{listed} are", values)
-
-
-class VariableTracking(RetrievalTask):
-    pattern = r"[A-Z]{5}"
-
-    def instance(self, rng, depth):
-        names = ["".join(rng.choices(string.ascii_uppercase, k=5)) for _ in range(2 * self.n)]
-        while len(set(names)) < len(names):
-            names = ["".join(rng.choices(string.ascii_uppercase, k=5)) for _ in range(2 * self.n)]
-        value, other = _number(rng), _number(rng)
-        chain, decoy = names[: self.n], names[self.n:]
-
-        def hops(vars_, start_value, first_depth, later):
-            texts = [f" VAR {vars_[0]} = {start_value}."] + [f" VAR {b} = {a}." for a, b in zip(vars_, vars_[1:])]
-            depths = [first_depth] + sorted(first_depth + (1 - first_depth) * x for x in later)
-            return [Needle(t, d) for t, d in zip(texts, depths)]
-
-        needles = hops(chain, value, depth, _others(rng, self.n - 1))
-        needles += hops(decoy, other, rng.random() * 0.5, _others(rng, self.n - 1))
-        return Instance(needles, f" Find all variables that are assigned the value {value}. Answer: they are", chain)
-
-
-TASKS = {"passkey": Passkey, "multikey": MultiKey, "multivalue": MultiValue, "multiquery": MultiQuery,
-         "vartrack": VariableTracking}
-
-
-def build_tasks(names: list[str], needles: int) -> dict[str, RetrievalTask]:
-    unknown = [n for n in names if n not in TASKS]
-    if unknown or not names:
-        raise ConfigError(f"tasks={names}: {', '.join(unknown) or 'none given'}; valid tasks are "
-                          f"{', '.join(TASKS)}.")
-    if isinstance(needles, bool) or not isinstance(needles, int) or needles < 2:
-        raise ConfigError(f"needles={needles!r} must be a whole number of at least 2 (keys, values, queries or chain "
-                          f"hops).")
-    bounded = {n: TASKS[n].max_needles for n in names if TASKS[n].max_needles is not None}
-    if bounded and needles > min(bounded.values()):
-        over = [n for n, most in bounded.items() if needles > most]
-        raise ConfigError(f"needles={needles} is more than {' and '.join(over)} can hold: each of its needles names "
-                          f"a different word of {min(bounded.values())}, so needles= must be between 2 and "
-                          f"{min(bounded.values())} (the other tasks take any number from 2 that fits the prompt "
-                          f"length); lower needles= or leave {' and '.join(over)} out of tasks=.")
-    return {n: TASKS[n](needles) for n in names}
 
 
 # --- prompts in token ids -----------------------------------------------------------
@@ -263,8 +145,9 @@ def teacher_forced(model, prompts: list[Prompt], device) -> list[tuple[bool, flo
 
 @torch.no_grad()
 def greedy(model, prompts: list[Prompt], task: RetrievalTask, tokenizer, device) -> list[tuple[bool, float]]:
-    """(the values parsed from the greedy text are exactly the expected ones,
-    share of expected values found at their place). Decoding appends at the
+    """(the values parsed from the greedy text are the expected ones, share
+    of them given), as the task judges (in order, or any order for cwe and
+    fwe). Decoding appends at the
     end of every row, so prompts are batched by length."""
     out = [None] * len(prompts)
     by_length = {}
@@ -276,8 +159,7 @@ def greedy(model, prompts: list[Prompt], task: RetrievalTask, tokenizer, device)
         gen = P.greedy_decode(model, ids, new).cpu().tolist()
         for i, g in zip(group, gen):
             values = prompts[i].values
-            found = task.parse(tokenizer.decode(g))[: len(values)]
-            out[i] = (found == values, sum(a == b for a, b in zip(found, values)) / len(values))
+            out[i] = task.judge(task.parse(tokenizer.decode(g)), values)
     return out
 
 
@@ -334,15 +216,20 @@ def _mean(xs) -> float:
     return sum(float(x) for x in xs) / len(xs)
 
 
-def summary_table(results: dict, train_len: int | None = None) -> str:
-    """Rows: tasks; columns: lengths; cells: accuracy over all depths [95% interval]."""
+def summary_table(results: dict, train_len: int | None = None, effective: dict | None = None) -> str:
+    """Rows: tasks (and their mean, with `effective`); columns: lengths, then
+    the effective length when computed; cells: accuracy over all depths [95% interval]."""
     lengths = next(iter(results.values()))["lengths"]
     head = [f"{L}" + (f" ({L / train_len:g}×)" if train_len else "") for L in lengths]
+    with_effective = all("effective" in r for r in results.values())
     rows = []
     for name, r in results.items():
         cells = []
         for row in r["by_length"]:
             ci = f" [{row['accuracy_lo']:.0%}, {row['accuracy_hi']:.0%}]" if row["accuracy_lo"] is not None else ""
             cells.append(f"{row['accuracy']:.0%}{ci}")
-        rows.append([name, *cells])
-    return markdown_table(["task", *head], rows)
+        rows.append([name, *cells] + ([effective_label(r["effective"], train_len)] if with_effective else []))
+    if effective and with_effective and len(results) > 1:
+        rows.append(["mean of tasks", *(f"{a:.0%}" for a in effective["mean"]["accuracy"]),
+                     effective_label(effective["mean"], train_len)])
+    return markdown_table(["task", *head] + (["effective length"] if with_effective else []), rows)

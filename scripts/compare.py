@@ -4,7 +4,10 @@ Settings and examples: python scripts/compare.py --help (conf/compare.yaml).
 Run directories are searched recursively for results.json (train.py runs and
 scripts/eval_extrapolation.py outputs alike) and task_results.json
 (scripts/task.py runs: exact match per size bucket across runs, written to
-compare_tasks.md, compare_tasks.csv and accuracy_vs_length_<task>.png). Runs that differ in corpus,
+compare_tasks.md, compare_tasks.csv and accuracy_vs_length_<task>.png) and
+retrieval.json (scripts/retrieval.py runs: each task's effective length per
+checkpoint and method, written to compare_retrieval.md and
+compare_retrieval.csv). Runs that differ in corpus,
 tokenizer or training length are refused unless group=true. Writes
 compare.md, compare.csv, ppl_vs_length*.png and per_position*.png to out=
 (default: <the one directory given>/compare).
@@ -22,6 +25,7 @@ from rope_lm.errors import ConfigError
 @hydra_task
 def main(cfg):
     from rope_lm.compare import compare, default_out, has_results, log_to_wandb
+    from rope_lm.retrieval_compare import compare_retrieval, find_retrieval_results
     from rope_lm.task_compare import compare_tasks, find_task_results
 
     log_to_stderr()
@@ -29,12 +33,21 @@ def main(cfg):
     paths = ([a["path"]] if a["path"] else []) + list(a["paths"])
     if not paths:
         raise ConfigError("Give the runs to compare: path=<dir or results.json>, or paths=[a,b,...].")
+    others, out = False, a["out"] or default_out(paths)
     if find_task_results(paths):  # scripts/task.py runs: accuracy vs instance size across runs
-        tasks = compare_tasks(paths, a["out"] or default_out(paths), title=a["title"])
+        tasks = compare_tasks(paths, out, title=a["title"])
         print(open(tasks["files"]["markdown"]).read())
         print(f"Task comparison: {tasks['out_dir']}/ (compare_tasks.md, compare_tasks.csv, accuracy_vs_length_*.png)")
-        if not has_results(paths):
-            return
+        others = True
+    # scripts/retrieval.py runs: effective length per task and method (old ones without it refused only
+    # when there is nothing else to compare)
+    found = find_retrieval_results(paths) and compare_retrieval(paths, out, a["title"], required=not has_results(paths))
+    if found:
+        print(open(found["files"]["markdown"]).read())
+        print(f"Retrieval comparison: {found['out_dir']}/ (compare_retrieval.md, compare_retrieval.csv)")
+        others = True
+    if others and not has_results(paths):
+        return
     summary = compare(paths, a["out"], group=a["group"], title=a["title"])
     print(open(summary["files"]["markdown"]).read())
     print(f"Comparison: {summary['out_dir']}/ (compare.md, compare.csv, ppl_vs_length*.png, per_position*.png)")

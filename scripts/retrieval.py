@@ -1,10 +1,13 @@
-"""Retrieval battery for a checkpoint: passkey, multi-key, multi-value,
-multi-query and variable tracking in haystacks of the checkpoint's own
-evaluation text, accuracy by context length x needle depth.
+"""Retrieval battery for a checkpoint: lookups (passkey, multi-key,
+multi-value, multi-query, variable tracking) and reasoning tasks (BABILong
+qa1 / qa2, common and frequent words extraction, QA over inserted facts) in
+haystacks of the checkpoint's own evaluation text, accuracy by context
+length x needle depth, and each task's effective length.
 Settings and examples: python scripts/retrieval.py --help (conf/retrieval.yaml).
 
 Writes retrieval_<task>.png (heatmap per task), retrieval.md (accuracy per
-task and length, 95% interval over samples) and retrieval.json to out=
+task and length, 95% interval over samples, effective lengths) and
+retrieval.json to out=
 (default: a new <run dir>/diagnostics/retrieval[_<scaling>], made once the
 settings, the model and the prompts are checked).
 """
@@ -37,6 +40,13 @@ def main(cfg):
         raise ConfigError(f"scoring={a['scoring']!r} must be one of {', '.join(R.SCORING)}.")
     if a["batch_size"] < 1 or a["samples"] < 1:
         raise ConfigError(f"batch_size={a['batch_size']} and samples={a['samples']} must be at least 1.")
+    effective = a.get("effective") or {}
+    if not isinstance(effective, dict) or set(effective) - {"threshold", "relative"}:
+        raise ConfigError(f"effective={effective!r}: give effective.threshold= (an accuracy in [0, 1), default "
+                          f"{R.THRESHOLD}, or with effective.relative=true a fraction in (0, 1) of each task's own "
+                          f"accuracy at the training length) and effective.relative= (true or false).")
+    threshold, relative = effective.get("threshold", R.THRESHOLD), effective.get("relative", False)
+    R.check_threshold(threshold, relative)
     scaling = a.get("scaling")
     trained = open_model(a["ckpt"], a["device"], scaling)
     model, train_len = trained.model, trained.train_len
@@ -50,21 +60,23 @@ def main(cfg):
 
     results = R.evaluate(model, tokenizer, stream, tasks, lengths, a["depths"], a["samples"], a["seed"],
                          a["scoring"], a["batch_size"], a["bootstrap"], on_cell=report)
+    summary = R.add_effective(results, threshold, relative, train_len)
     method = getattr(model.scaling, "label", model.scaling.name)
     scheme = model.pos_scheme.name
     out = D.make_output_dir(a["out"], trained.path, "retrieval", scaling)
     for name, r in results.items():
         P.plot_passkey(r, os.path.join(out, f"retrieval_{name}.png"), train_len,
-                       f"{name} ({a['scoring']}) — {scheme} + {method}, trained at {train_len} ({a['samples']} per cell)")
-    table = R.summary_table(results, train_len)
+                       f"{name} ({a['scoring']}) — {scheme} + {method}, trained at {train_len} ({a['samples']} per "
+                       f"cell); effective length {R.effective_label(r['effective'])}")
+    table = R.summary_table(results, train_len, summary)
     head = (f"# Retrieval battery — {scheme} + {method}, trained at {train_len}\n\n"
             f"Checkpoint {trained.path}; scoring {a['scoring']}; {a['samples']} samples per length x depth cell, "
             f"depths {a['depths']}; accuracy over all depths, 95% bootstrap interval over samples.\n\n")
-    atomic_write(os.path.join(out, "retrieval.md"), head + table + "\n")
+    atomic_write(os.path.join(out, "retrieval.md"), head + table + "\n\n" + R.threshold_note(summary) + "\n")
     D.save_json(os.path.join(out, "retrieval.json"), {
         "checkpoint": trained.path, "source": trained.source, "scheme": scheme,
         "method": method, "train_len": train_len, "scoring": a["scoring"], "needles": a["needles"],
-        "seed": a["seed"], "split": a["split"], "tasks": results})
+        "seed": a["seed"], "split": a["split"], "effective": summary, "tasks": results})
     print("\n" + table)
     print(f"Retrieval: {out}/ (retrieval.md, retrieval.json, retrieval_<task>.png)")
 

@@ -1,0 +1,116 @@
+"""Compare retrieval-battery runs (scripts/retrieval.py): each task's
+effective length per checkpoint and method, side by side. Torch-free: it
+reads retrieval.json files only. Rows are named as the other comparisons
+name theirs (rope_lm.labels)."""
+
+import json
+import os
+
+from rope_lm.compare import _from_here, _short, files_named, to_csv
+from rope_lm.effective_length import effective_label
+from rope_lm.errors import ConfigError
+from rope_lm.files import atomic_write
+from rope_lm.labels import distinct_labels
+from rope_lm.tables import markdown_table
+
+RETRIEVAL_JSON = "retrieval.json"
+COLUMNS = ["label", "scheme", "method", "train_len", "scoring", "threshold", "relative", "task", "effective_length",
+           "at_least", "effective", "lengths", "accuracy", "run_dir"]
+MEAN = "mean of tasks"
+
+
+def find_retrieval_results(paths: list[str]) -> list[str]:
+    """retrieval.json files named directly or found (recursively) under directories."""
+    found = []
+    for p in paths:
+        if os.path.isfile(p) and os.path.basename(p) == RETRIEVAL_JSON:
+            found.append(os.path.abspath(p))
+        elif os.path.isdir(p):
+            found += files_named(p, RETRIEVAL_JSON)
+    return list(dict.fromkeys(found))
+
+
+def load_retrieval_runs(paths: list[str]) -> tuple[list[dict], list[str]]:
+    """The runs that report effective lengths, and a note on every other
+    retrieval.json (unreadable, or written before effective lengths existed:
+    rerun scripts/retrieval.py on it)."""
+    runs, skipped = [], []
+    for p in find_retrieval_results(paths):
+        try:
+            with open(p) as f:
+                r = json.load(f)
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            skipped.append(f"UNREADABLE: `{_short(os.path.dirname(p))}`: {p} is not valid JSON ({e}); rerun it.")
+            continue
+        if not isinstance(r, dict) or not isinstance(r.get("tasks"), dict) or "effective" not in r:
+            skipped.append(f"NO EFFECTIVE LENGTHS: `{_short(os.path.dirname(p))}`: {p} has no effective lengths "
+                           f"(written by an older scripts/retrieval.py); rerun it.")
+            continue
+        r["run_dir"] = os.path.dirname(p)
+        runs.append(r)
+    return runs, skipped
+
+
+def _threshold(r: dict) -> str:
+    e = r["effective"]
+    return f"{e['threshold']:g} × own@L" if e["relative"] else f"{e['threshold']:.0%}"
+
+
+def retrieval_labels(runs: list[dict]) -> dict[str, str]:
+    """run_dir -> scheme (+ method), told apart by their folders where they clash."""
+    entries = [(0, r["scheme"] + ("" if r["method"] == "none" else f" + {r['method']}"), {}, r["run_dir"])
+               for r in runs]
+    return dict(zip((r["run_dir"] for r in runs), distinct_labels(entries)))
+
+
+def retrieval_table(runs: list[dict]) -> str:
+    """One row per run (checkpoint x method), one column per task and the
+    mean of its tasks: the effective length (× the training length)."""
+    names = retrieval_labels(runs)
+    tasks = list(dict.fromkeys(t for r in runs for t in r["tasks"]))
+    rows = []
+    for r in sorted(runs, key=lambda r: (r["scheme"], r["method"], names[r["run_dir"]])):
+        cells = [effective_label(r["tasks"][t]["effective"], r.get("train_len")) if t in r["tasks"] else "—"
+                 for t in tasks]
+        rows.append([names[r["run_dir"]], r.get("train_len", "?"), r.get("scoring", "?"), _threshold(r), *cells,
+                     effective_label(r["effective"]["mean"], r.get("train_len"))])
+    return markdown_table(["run", "L", "scoring", "threshold", *tasks, MEAN], rows)
+
+
+def compare_retrieval(paths: list[str], out_dir: str, title: str | None = None, required: bool = True) -> dict | None:
+    """compare_retrieval.md (the effective-length table) and compare_retrieval.csv
+    (one row per run and task, with its accuracy by length). Without a
+    readable run: a ConfigError if required, else None."""
+    runs, skipped = load_retrieval_runs(paths)
+    if not runs and not required:
+        return None
+    if not runs:
+        raise ConfigError(f"No retrieval.json with effective lengths under {', '.join(paths)}"
+                          f"{' (' + '; '.join(skipped[:3]) + ')' if skipped else ''}: point compare at "
+                          f"scripts/retrieval.py outputs.")
+    os.makedirs(out_dir, exist_ok=True)
+    names = retrieval_labels(runs)
+    md = [f"# {title or 'Retrieval battery: effective length'}", "",
+          "The longest length up to which each task's accuracy stays above the threshold (RULER's effective "
+          "length; a dip ends it even where a longer length recovers); ≥: above at every length tested, <: not "
+          "above at the shortest.", "", retrieval_table(runs), ""]
+    if skipped:
+        md += ["## Runs not read", ""] + [f"- {s}" for s in skipped] + [""]
+    rows = []
+    for r in runs:
+        entries = [(t, v["effective"], v["lengths"], [row["accuracy"] for row in v["by_length"]])
+                   for t, v in r["tasks"].items()]
+        entries.append((MEAN, r["effective"]["mean"], next(iter(r["tasks"].values()))["lengths"],
+                        r["effective"]["mean"]["accuracy"]))
+        for task, e, lengths, acc in entries:
+            rows.append({"label": names[r["run_dir"]], "scheme": r["scheme"], "method": r["method"],
+                         "train_len": r.get("train_len"), "scoring": r.get("scoring"),
+                         "threshold": r["effective"]["threshold"], "relative": r["effective"]["relative"],
+                         "task": task, "effective_length": e["length"], "at_least": e["at_least"],
+                         "effective": effective_label(e, r.get("train_len")), "lengths": " ".join(map(str, lengths)),
+                         "accuracy": " ".join(f"{a:.4g}" for a in acc), "run_dir": _from_here(r["run_dir"])})
+    files = {"markdown": os.path.join(out_dir, "compare_retrieval.md"),
+             "csv": os.path.join(out_dir, "compare_retrieval.csv")}
+    atomic_write(files["markdown"], "\n".join(md))
+    atomic_write(files["csv"], to_csv(rows, COLUMNS))
+    return {"out_dir": out_dir, "files": files, "runs": runs, "rows": rows, "skipped": skipped}
