@@ -62,9 +62,9 @@ def compose_scaling(name: str, settings: dict) -> dict:
 
 
 def main():
-    from lm_eval.__main__ import cli_evaluate
+    from rope_lm.lm_eval_model import RopeLM  # first: without lm-eval, it says how to install it
 
-    from rope_lm.lm_eval_model import RopeLM
+    from lm_eval.__main__ import cli_evaluate
 
     log_to_stderr()
     with initialize(config_path="../conf", version_base="1.3", job_name=CONFIG):

@@ -328,7 +328,7 @@ def test_local_tasks_end_to_end_under_two_methods(script_compose, run_dir, tiny_
     yarn = json.load(open(path))
     yarn_ppl = stream_byte_perplexity(run_dir, {"name": "yarn", "factor": 4}, docs, 32)
     check_results(yarn, {"name": "yarn", "factor": 4}, yarn_ppl)
-    # The built-in tasks are not indexed here (the command line spends ~10 s on them).
+    # The built-in tasks are not indexed here (the command line spends 10-20 s on them).
     none = simple_evaluate(model="rope-lm", model_args=f"ckpt={run_dir},scaling=none,max_length=32", tasks=TASKS,
                            task_manager=TaskManager(include_path=str(tmp_path / "tasks"), include_defaults=False),
                            batch_size=4, device="cpu")
