@@ -175,7 +175,8 @@ def eval_summary(cfg: EvalConfig, stream_len: int, doc_starts: np.ndarray | None
     return out
 
 
-def _autocast(device):
+def autocast_for(device):
+    """How evaluation reads a model on `device`: bfloat16 autocast on CUDA, full precision elsewhere."""
     if device.type == "cuda":
         return torch.autocast("cuda", dtype=torch.bfloat16)
     return torch.autocast("cpu", enabled=False)
@@ -193,10 +194,10 @@ def token_losses(model, windows: torch.Tensor, targets: torch.Tensor, batch_toke
         y = targets[s : s + per_batch].to(device)
         if hasattr(model, "hidden") and hasattr(model, "lm_head"):
             # Our model: logits a chunk of tokens at a time (rope_lm.head).
-            with _autocast(device):
+            with autocast_for(device):
                 loss = token_cross_entropy(model.hidden(x), model.lm_head.weight, y)
         else:
-            with _autocast(device):
+            with autocast_for(device):
                 logits = model(x)
             loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), reduction="none")
         out.append(loss.view(x.shape).cpu())
