@@ -16,6 +16,7 @@ Random weights for the conf/model shapes: speed depends on neither them nor
 the token values. Settings: python benchmarks/decoding.py --help.
 """
 
+import inspect
 import os
 import sys
 import tempfile
@@ -99,6 +100,9 @@ def _ours(model, idx, n, cached):
 def _theirs(twin, idx, n):
     import torch
 
+    # transformers 5 takes the cache as `cache` (`past_key_values` is its deprecated alias), 4.x only as
+    # `past_key_values`: an unknown keyword would be swallowed and each step would read one token alone.
+    name = "cache" if "cache" in inspect.signature(twin.forward).parameters else "past_key_values"
     out = []
     with torch.no_grad():
         t0 = time.perf_counter()
@@ -107,7 +111,7 @@ def _theirs(twin, idx, n):
         t1 = time.perf_counter()
         out.append(tok)
         for _ in range(n - 1):
-            o = twin(tok, past_key_values=past, use_cache=True)
+            o = twin(tok, use_cache=True, **{name: past})
             past, tok = o.past_key_values, o.logits[:, -1:].argmax(-1)
             out.append(tok)
         t2 = time.perf_counter()

@@ -37,7 +37,8 @@ def _run_id() -> str:
 def register_resolvers() -> None:
     """${run_id:}: six hex digits drawn once per process, so that two runs
     started in the same second (two seeds, a script loop) get two folders;
-    ${layout_tag:...}: a layout's name beside the scheme's;
+    ${layout_tag:<layout>,<softmax>}: a layout's name and the softmax options
+    beside the scheme's;
     ${train_tag:${train_pos}}: "" for plain training positions, else "-" and
     the method's label, so a run folder names how its ids were drawn."""
     OmegaConf.register_new_resolver("run_id", _run_id, replace=True)
@@ -46,13 +47,13 @@ def register_resolvers() -> None:
     OmegaConf.register_new_resolver("train_tag", _train_tag, replace=True)
 
 
-def _layout_tag(layout) -> str:
+def _layout_tag(layout, softmax=None) -> str:
     from rope_lm.layout import scheme_label
 
-    if layout is None:
-        return ""
-    layout = OmegaConf.to_container(layout, resolve=True) if not isinstance(layout, dict) else layout
-    return scheme_label({"name": ""}, {"layout": layout})
+    def plain(node):
+        return OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node
+
+    return scheme_label({"name": ""}, {"layout": plain(layout), "softmax": plain(softmax)})
 
 
 def _train_tag(options) -> str:

@@ -110,13 +110,18 @@ def layer_specs(layout: dict | None, pos: dict, n_layer: int) -> list[LayerSpec]
 
 
 def scheme_label(pos: dict, model: dict | None) -> str:
-    """What results.json calls the model's scheme: `pos` alone, or under a
-    layout `<pos>+<layout name>` (e.g. rope+nope_every_4), so compared runs
-    and run folders tell a layout from its plain scheme."""
-    layout = (model or {}).get("layout")
-    if not layout or (layout.get("pattern") is None and layout.get("layers") is None):
-        return pos["name"]
-    return f"{pos['name']}+{layout.get('name') or 'layout'}"
+    """What results.json calls the model's scheme: `pos` alone, then
+    `+<layout name>` under a layout and `+<option>` for each model.softmax
+    option set (e.g. rope+nope_every_4, rope+ssmax), so compared runs and run
+    folders tell these models from their plain scheme."""
+    model = model or {}
+    label = pos["name"]
+    layout = model.get("layout")
+    if layout and (layout.get("pattern") is not None or layout.get("layers") is not None):
+        label += f"+{layout.get('name') or 'layout'}"
+    softmax = model.get("softmax") or {}
+    return label + "".join(f"+{key}" for key in ("temperature", "ssmax", "sink_logits")
+                           if softmax.get(key) is not None)
 
 
 def describe(specs: list[LayerSpec] | None) -> str:

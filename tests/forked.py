@@ -32,7 +32,9 @@ PRELOAD = ["torch", "hydra", "omegaconf", "lightning.pytorch", "transformers", "
 _context = None
 
 
-def _server():
+def context():
+    """The multiprocessing context of the server (for tests that start Process
+    targets of their own: they then skip the imports too)."""
     global _context
     if _context is None:
         _context = multiprocessing.get_context("forkserver")
@@ -92,7 +94,7 @@ class Popen:
         self._err = self._out if stderr == STDOUT else _open_target(stderr)
         self._pipes = [p for p, t in ((self._out, stdout), (self._err, stderr)) if t == PIPE]
         self.stdout = self.stderr = None
-        self._proc = _server().Process(target=_child, args=(
+        self._proc = context().Process(target=_child, args=(
             [str(a) for a in cmd[1:]], os.path.abspath(cwd or os.getcwd()), dict(env if env is not None else os.environ),
             self._out, self._err), daemon=False)
         self._proc.start()
@@ -166,7 +168,7 @@ def start(cmd, **kwargs):
 def warm():
     """Starts the server (its imports take a few seconds), e.g. before timing a test."""
     started = time.monotonic()
-    proc = _server().Process(target=time.sleep, args=(0,))
+    proc = context().Process(target=time.sleep, args=(0,))
     proc.start()
     proc.join()
     return time.monotonic() - started

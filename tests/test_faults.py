@@ -3,7 +3,6 @@
 import json
 import logging
 import math
-import multiprocessing as mp
 import os
 
 import pytest
@@ -15,6 +14,7 @@ from rope_lm.data import cache_problem, prepare
 from rope_lm.errors import TrainingDiverged
 from rope_lm.pipeline import train_and_evaluate
 from rope_lm.report import atomic_write
+from tests import forked
 
 
 def _poison(monkeypatch, steps):
@@ -54,7 +54,7 @@ def _build(options, queue):
 
 def test_two_processes_building_the_same_cache_do_not_corrupt_it(tiny_data_options, tmp_path):
     options = {**tiny_data_options, "cache_dir": str(tmp_path / "cache")}
-    ctx = mp.get_context("spawn")
+    ctx = forked.context()  # a fresh process each, without paying the imports again
     queue = ctx.Queue()
     procs = [ctx.Process(target=_build, args=(options, queue)) for _ in range(2)]
     for p in procs:

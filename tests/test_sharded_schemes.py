@@ -13,6 +13,8 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
+from tests import forked
+
 SCHEMES = ["rope", "alibi", "t5", "kerple"]
 
 
@@ -67,9 +69,8 @@ def _free_port():
 
 @pytest.mark.filterwarnings("ignore")
 def test_sharded_blocks_keep_buffers_and_gradients_for_each_scheme():
-    ctx = mp.get_context("spawn")
-    failures = ctx.Queue()
-    mp.start_processes(_worker, args=(2, _free_port(), failures), nprocs=2, join=True, start_method="spawn")
+    failures = forked.context().Queue()  # also sets the server's preload, which the ranks are forked from
+    mp.start_processes(_worker, args=(2, _free_port(), failures), nprocs=2, join=True, start_method="forkserver")
     found = []
     while not failures.empty():
         found.append(failures.get())

@@ -413,3 +413,24 @@ def test_diagnostics_see_the_tuned_softmax():
     for layer, (probs, out) in mine.items():
         torch.testing.assert_close(out, actual[layer], atol=2e-5, rtol=1e-4)
         assert float(probs.sum(-1).max()) < 1
+
+
+def test_results_and_run_folders_name_the_softmax_options():
+    """rope+ssmax is told from rope in results.json's scheme and in run folder names (the layouts study's
+    SSMax arm would otherwise read `rope`); every option of softmax_options.KEYS is named."""
+    from omegaconf import OmegaConf
+
+    from rope_lm.cli import register_resolvers
+    from rope_lm.layout import scheme_label
+    from rope_lm.softmax_options import KEYS
+
+    layout = {"name": "nope_every_4", "pattern": [None, {"pos": {"name": "nope"}}]}
+    for key in KEYS:
+        assert scheme_label({"name": "rope"}, {"softmax": {key: {}}}) == f"rope+{key}"
+    assert scheme_label({"name": "rope"}, {"layout": layout, "softmax": {"ssmax": {"init": "auto"}}}) \
+        == "rope+nope_every_4+ssmax"
+    assert scheme_label({"name": "rope"}, {"softmax": None}) == scheme_label({"name": "rope"}, {}) == "rope"
+    register_resolvers()
+    tag = "${layout_tag:${oc.select:model.layout,null},${oc.select:model.softmax,null}}"
+    assert OmegaConf.create({"model": {"softmax": {"ssmax": {"init": "auto"}}}, "t": tag}).t == "+ssmax"
+    assert OmegaConf.create({"model": {}, "t": tag}).t == ""
