@@ -210,6 +210,18 @@ def files_named(directory: str, name: str) -> list[str]:
     return found
 
 
+def files_given_or_below(paths: list[str], name: str) -> list[str]:
+    """The files called `name` among `paths` (files) or at or below them
+    (directories), absolute and each once, in the order given."""
+    found = []
+    for p in paths:
+        if os.path.isfile(p) and os.path.basename(p) == name:
+            found.append(os.path.abspath(p))
+        elif os.path.isdir(p):
+            found += files_named(p, name)
+    return list(dict.fromkeys(found))
+
+
 def find_results(paths: list[str]) -> list[str]:
     """results.json files named directly or found (recursively) under directories."""
     if not paths:

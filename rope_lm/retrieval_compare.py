@@ -6,7 +6,7 @@ name theirs (rope_lm.labels)."""
 import json
 import os
 
-from rope_lm.compare import _from_here, _short, files_named, to_csv
+from rope_lm.compare import _from_here, _short, files_given_or_below, to_csv
 from rope_lm.effective_length import effective_label
 from rope_lm.errors import ConfigError
 from rope_lm.files import atomic_write
@@ -21,13 +21,7 @@ MEAN = "mean of tasks"
 
 def find_retrieval_results(paths: list[str]) -> list[str]:
     """retrieval.json files named directly or found (recursively) under directories."""
-    found = []
-    for p in paths:
-        if os.path.isfile(p) and os.path.basename(p) == RETRIEVAL_JSON:
-            found.append(os.path.abspath(p))
-        elif os.path.isdir(p):
-            found += files_named(p, RETRIEVAL_JSON)
-    return list(dict.fromkeys(found))
+    return files_given_or_below(paths, RETRIEVAL_JSON)
 
 
 def load_retrieval_runs(paths: list[str]) -> tuple[list[dict], list[str]]:

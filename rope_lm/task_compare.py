@@ -7,7 +7,7 @@ import json
 import os
 import re
 
-from rope_lm.compare import _from_here, _short, files_named, to_csv
+from rope_lm.compare import _from_here, _short, files_given_or_below, to_csv
 from rope_lm.errors import ConfigError
 from rope_lm.files import atomic_write
 from rope_lm.labels import distinct_labels, flat_settings
@@ -21,13 +21,7 @@ def find_task_results(paths: list[str]) -> list[str]:
     """task_results.json files named directly or found (recursively) under directories."""
     from rope_lm.task_run import TASK_JSON  # torch: only where task runs are looked for
 
-    found = []
-    for p in paths:
-        if os.path.isfile(p) and os.path.basename(p) == TASK_JSON:
-            found.append(os.path.abspath(p))
-        elif os.path.isdir(p):
-            found += files_named(p, TASK_JSON)
-    return list(dict.fromkeys(found))
+    return files_given_or_below(paths, TASK_JSON)
 
 
 def load_task_runs(paths: list[str]) -> tuple[list[dict], list[str]]:
