@@ -28,13 +28,19 @@ PASSKEY_DEFAULTS = {
 }
 
 
+def with_defaults(extra: dict, defaults: dict, source: str) -> dict:
+    """A synthetic source's data.extra over its defaults; an unknown key is
+    refused, naming the valid ones."""
+    unknown = set(extra) - set(defaults)
+    if unknown:
+        raise ConfigError(f"Unknown {source} data setting(s) {', '.join(sorted('data.extra.' + k for k in unknown))}; "
+                          f"valid ones are {', '.join('data.extra.' + k for k in defaults)}.")
+    return {**defaults, **extra}
+
+
 def corpus_options(extra: dict) -> dict:
     """data.extra of the passkey source with its defaults, checked."""
-    unknown = set(extra) - set(PASSKEY_DEFAULTS)
-    if unknown:
-        raise ConfigError(f"Unknown passkey data setting(s) {', '.join(sorted('data.extra.' + k for k in unknown))}; "
-                          f"valid ones are {', '.join('data.extra.' + k for k in PASSKEY_DEFAULTS)}.")
-    o = {**PASSKEY_DEFAULTS, **extra}
+    o = with_defaults(extra, PASSKEY_DEFAULTS, "passkey")
     for k in ("examples", "min_filler", "max_filler"):
         if isinstance(o[k], bool) or not isinstance(o[k], int) or o[k] < 0:
             raise ConfigError(f"data.extra.{k}={o[k]!r} must be a non-negative integer.")

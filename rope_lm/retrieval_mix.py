@@ -21,7 +21,7 @@ haystack would contradict the prompt's own.
 import random
 
 from rope_lm.errors import ConfigError
-from rope_lm.passkey_text import _interleave
+from rope_lm.passkey_text import _interleave, with_defaults
 from rope_lm.retrieval_tasks import RetrievalTask, build_tasks
 
 MIX_DEFAULTS = {
@@ -39,11 +39,7 @@ ENDS = (".", "!", "?", "\n")
 
 def corpus_options(extra: dict) -> dict:
     """data.extra of the retrieval_mix source with its defaults, checked."""
-    unknown = set(extra) - set(MIX_DEFAULTS)
-    if unknown:
-        raise ConfigError(f"Unknown retrieval_mix data setting(s) {', '.join(sorted('data.extra.' + k for k in unknown))}; "
-                          f"valid ones are {', '.join('data.extra.' + k for k in MIX_DEFAULTS)}.")
-    o = {**MIX_DEFAULTS, **extra}
+    o = with_defaults(extra, MIX_DEFAULTS, "retrieval_mix")
     tasks = o["tasks"]
     if isinstance(tasks, str) or not isinstance(tasks, (list, tuple)):
         raise ConfigError(f"data.extra.tasks={tasks!r} must be a list of task names, e.g. [qa1,cwe].")
