@@ -210,6 +210,17 @@ def files_named(directory: str, name: str) -> list[str]:
     return found
 
 
+def read_json_or_note(path: str, rerun: str) -> tuple[object, str | None]:
+    """A results file's JSON, or None and the UNREADABLE line a comparison
+    lists it under (half-written by a killed process): one bad file never
+    hides the others."""
+    try:
+        with open(path) as f:
+            return json.load(f), None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        return None, f"UNREADABLE: `{_short(os.path.dirname(path))}`: {path} is not valid JSON ({e}); {rerun}"
+
+
 def files_given_or_below(paths: list[str], name: str) -> list[str]:
     """The files called `name` among `paths` (files) or at or below them
     (directories), absolute and each once, in the order given."""

@@ -3,10 +3,9 @@ effective length per checkpoint and method, side by side. Torch-free: it
 reads retrieval.json files only. Rows are named as the other comparisons
 name theirs (rope_lm.labels)."""
 
-import json
 import os
 
-from rope_lm.compare import _from_here, _short, files_given_or_below, to_csv
+from rope_lm.compare import _from_here, _short, files_given_or_below, read_json_or_note, to_csv
 from rope_lm.effective_length import effective_label
 from rope_lm.errors import ConfigError
 from rope_lm.files import atomic_write
@@ -30,11 +29,9 @@ def load_retrieval_runs(paths: list[str]) -> tuple[list[dict], list[str]]:
     rerun scripts/retrieval.py on it)."""
     runs, skipped = [], []
     for p in find_retrieval_results(paths):
-        try:
-            with open(p) as f:
-                r = json.load(f)
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-            skipped.append(f"UNREADABLE: `{_short(os.path.dirname(p))}`: {p} is not valid JSON ({e}); rerun it.")
+        r, note = read_json_or_note(p, "rerun it.")
+        if note:
+            skipped.append(note)
             continue
         if not isinstance(r, dict) or not isinstance(r.get("tasks"), dict) or "effective" not in r:
             skipped.append(f"NO EFFECTIVE LENGTHS: `{_short(os.path.dirname(p))}`: {p} has no effective lengths "

@@ -3,11 +3,10 @@ match inside / past the training sizes per task and scheme, and accuracy per
 size bucket across runs. Rows are named as the perplexity comparison names
 its rows (rope_lm.labels)."""
 
-import json
 import os
 import re
 
-from rope_lm.compare import _from_here, _short, files_given_or_below, to_csv
+from rope_lm.compare import _from_here, _short, files_given_or_below, read_json_or_note, to_csv
 from rope_lm.errors import ConfigError
 from rope_lm.files import atomic_write
 from rope_lm.labels import distinct_labels, flat_settings
@@ -30,11 +29,9 @@ def load_task_runs(paths: list[str]) -> tuple[list[dict], list[str]]:
     never hides the others."""
     runs, unreadable = [], []
     for p in find_task_results(paths):
-        try:
-            with open(p) as f:
-                r = json.load(f)
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-            unreadable.append(f"UNREADABLE: `{_short(os.path.dirname(p))}`: {p} is not valid JSON ({e}); rerun that task.")
+        r, note = read_json_or_note(p, "rerun that task.")
+        if note:
+            unreadable.append(note)
             continue
         if not isinstance(r, dict) or r.get("kind") != "task" or "buckets" not in r:
             unreadable.append(f"UNREADABLE: `{_short(os.path.dirname(p))}`: {p} is not a rope-lm task results file "

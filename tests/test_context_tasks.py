@@ -22,7 +22,7 @@ from rope_lm.errors import ConfigError
 from tests import forked
 from tests.conftest import ROOT
 from tests.test_diagnostics import assert_one_paragraph, save_tiny_checkpoint
-from tests.test_retrieval import Scripted
+from tests.test_retrieval import Scripted, hay, tokenizer  # noqa: F401 (hay, tokenizer: the battery tests' fixtures)
 
 NEW = ["qa1", "qa2", "cwe", "fwe", "factqa"]
 MOVE = r"(\w+) (?:went|moved|travelled|journeyed) to the (\w+)\."
@@ -31,16 +31,6 @@ FACT_QUESTIONS = [(r"Where does (\w+) live\?", r"{p} lives in (\w+)\."),
                   (r"What is (\w+)'s job\?", r"{p} works as a (\w+)\."),
                   (r"What is (\w+)'s favourite colour\?", r"{p}'s favourite colour is (\w+)\."),
                   (r"What pet does (\w+) keep\?", r"{p} keeps a (\w+) as a pet\.")]
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tiny_cache):
-    return tiny_cache.tokenizer()
-
-
-@pytest.fixture(scope="module")
-def hay(tiny_cache, tokenizer):
-    return R.Haystacks(tokenizer, tiny_cache.tokens("test"), seed=5)
 
 
 def _top(counts: Counter, k: int) -> list[str]:
