@@ -22,6 +22,7 @@ from rope_lm.errors import ConfigError
 from rope_lm.evaluation import _stream
 from rope_lm.generate import generate
 from rope_lm.lm_eval_model import RopeLM
+from rope_lm.scaling import method_label
 from tests import forked
 from tests.conftest import ROOT
 from tests.test_generate import noisy_ckpt  # noqa: F401  (a checkpoint that writes varied text, a fixture)
@@ -199,7 +200,6 @@ def test_scaling_model_args_build_what_the_scripts_build(script_compose, run_dir
     from hydra import compose
     from omegaconf import OmegaConf
 
-    from rope_lm.scaling import method_label
 
     # scripts/generate.py reads `scaling=yarn scaling.factor=4` by composing conf/generate.yaml.
     generate_cfg = compose(config_name="generate", overrides=["scaling=yarn", "scaling.factor=4"])
@@ -302,7 +302,7 @@ def stream_byte_perplexity(run_dir, scaling, docs, width) -> float:
 
 def check_results(results: dict, scaling: dict, byte_perplexity: float):
     model = results["config"]["rope_lm"]
-    assert model["method"] == scaling["name"] and model["max_length"] == 32 and model["train_len"] == L
+    assert model["method"] == method_label(scaling) and model["max_length"] == 32 and model["train_len"] == L
     assert {k: model["scaling"][k] for k in scaling} == scaling
     assert 0 <= results["results"]["rope_lm_tiny_mc"]["acc,none"] <= 1
     assert results["results"]["rope_lm_tiny_gen"]["exact_match,none"] in (0.0, 0.5, 1.0)

@@ -63,6 +63,18 @@ class FrequencyMethod(ScalingMethod):
         super().__init__(**common)
         self.factor = parse_factor(factor)
 
+    @property
+    def label(self) -> str:
+        """``pi`` for factor auto, ``pi-x2`` for a fixed factor 2 (``pi-x2+logn`` with log-n),
+        so tables never merge a fixed scale with the per-length one."""
+        base = super().label
+        if self.factor == "auto":
+            return base
+        head, plus, tail = base.partition("+")
+        return f"{head}-{self.factor_tag}{self.factor:g}{plus}{tail}"
+
+    factor_tag = "x"  # dynamic NTK's factor is a slope, not a scale
+
     def scale(self, ctx) -> float:
         if self.factor == "auto":
             return max(1.0, max(ctx.seq_len, ctx.tuned_len or 0) / ctx.train_len)
@@ -144,6 +156,8 @@ class DynamicNTK(FrequencyMethod):
     """Dynamic NTK: NTK-aware at the scale the current length needs,
     factor * T/L - (factor - 1) (transformers' "dynamic"). Here `factor` is
     that formula's slope, not a fixed scale; auto means 1, so s = max(1, T/L)."""
+
+    factor_tag = "slope"
 
     def __init__(self, factor="auto", **common):
         super().__init__(factor, **common)
