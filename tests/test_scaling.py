@@ -418,3 +418,13 @@ def test_eval_script_runs_several_methods_on_one_checkpoint(tiny_config, tmp_pat
     done = forked.run([sys.executable, script, f"ckpt={run}", "scaling=none,pi", "scaling.beta_fast=8"],
                       capture_output=True, text=True)
     assert done.returncode == 2 and "none of the listed methods" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_a_fixed_factor_is_named_in_the_label_so_tables_keep_it_apart_from_auto():
+    from rope_lm.scaling import method_label
+
+    assert method_label({"name": "pi"}) == method_label({"name": "pi", "factor": "auto"}) == "pi"
+    assert method_label({"name": "pi", "factor": 2}) == "pi-x2"
+    assert method_label({"name": "yarn", "factor": 2.5, "logn": True}) == "yarn-x2.5+logn"
+    assert method_label({"name": "dynamic_ntk", "factor": 2}) == "dynamic_ntk-slope2"
+    assert method_label({"name": "longrope", "factor": 4, "long_factor": [1.0, 2.0]}) == "longrope-x4"
