@@ -254,9 +254,16 @@ def find_results(paths: list[str]) -> list[str]:
 
 
 def tokenizer_id(config: dict) -> str:
-    """The tokenizer a run used, from its data settings: the vocabulary size and
-    the amount of text the BPE was trained on (both change the token units)."""
+    """The tokenizer a run used: an imported model's own (named by the model),
+    a tokenizer the data settings name, or the BPE trained on the corpus, named
+    by its vocabulary size and the amount of text it was trained on (both
+    change the token units)."""
     data = config.get("data") or {}
+    source = str(config.get("ckpt_path") or "")
+    if source.startswith("hf:"):
+        return source
+    if data.get("tokenizer"):
+        return str(data["tokenizer"])
     vocab = data.get("vocab_size")
     if vocab is None:
         return "unknown"

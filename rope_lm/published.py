@@ -11,7 +11,8 @@ matched where it matched on at least one folder, the rows saying on how many.
 Perplexity rules read the rows compare.py writes (compare.csv, or the same
 rows computed from run folders); task rules read exact match past the
 training sizes from compare_tasks.csv or task_results.json files and rank
-the schemes per task.
+the schemes per task; retrieval rules read accuracy by length, with its
+interval, from compare_retrieval.csv or retrieval.json files.
 """
 
 from dataclasses import dataclass
@@ -104,6 +105,42 @@ def task_rows(paths: list[str]) -> list[dict]:
             raise ConfigError(f"{p} does not exist (resolved from {os.getcwd()}); give compare_tasks.csv, the folder "
                               f"compare.py wrote, or a scripts/task.py sweep folder.")
     return [r for r in out if r["accuracy"] is not None]
+
+
+def retrieval_rows(paths: list[str]) -> list[dict]:
+    """(task, scheme, method, train_len, length, accuracy, accuracy_lo, accuracy_hi)
+    per run, task and length: from compare_retrieval.csv files, or computed
+    from scripts/retrieval.py folders (retrieval.json)."""
+    from rope_lm.compare import files_named
+    from rope_lm.retrieval_compare import MEAN, csv_rows, load_retrieval_runs
+
+    table = []
+    for p in paths:
+        found = [p] if os.path.isfile(p) and p.endswith(".csv") else \
+            files_named(p, "compare_retrieval.csv") if os.path.isdir(p) else []
+        if found:
+            for f in found:
+                with open(f, newline="") as fh:
+                    table += list(csv.DictReader(fh))
+        elif os.path.exists(p):
+            runs, unreadable = load_retrieval_runs([p])
+            for note in unreadable:
+                log.warning("%s: %s", p, note)
+            table += csv_rows(runs) if runs else []
+        else:
+            raise ConfigError(f"{p} does not exist (resolved from {os.getcwd()}); give compare_retrieval.csv, the "
+                              f"folder compare.py wrote, or scripts/retrieval.py output folders.")
+    out = []
+    for r in table:
+        if r["task"] == MEAN:
+            continue
+        cols = [str(r.get(c) or "").split() for c in ("lengths", "accuracy", "accuracy_lo", "accuracy_hi")]
+        for j, length in enumerate(cols[0]):
+            out.append({"task": r["task"], "scheme": r["scheme"], "method": r["method"],
+                        "train_len": int(float(r["train_len"])), "length": int(length),
+                        **{c: float(v[j]) if j < len(v) else None
+                           for c, v in zip(("accuracy", "accuracy_lo", "accuracy_hi"), cols[1:])}})
+    return out
 
 
 def _series(rows: list[dict], name: str, train_len: str = "min") -> dict[float, dict]:
@@ -282,12 +319,68 @@ def task_mrr(claim: dict, rows: list[dict]) -> Verdict:
     return Verdict(shown, MATCHED if ok else NOT_MATCHED)
 
 
+def worse_everywhere(claim: dict, rows: list[dict]) -> Verdict:
+    """The series has a higher PPL than the reference at every length both were
+    evaluated at, each beyond the intervals."""
+    s, ref = _series(rows, claim["series"]), _series(rows, claim["reference"])
+    ks = sorted(k for k in s if k in ref and "ppl" in s[k] and "ppl" in ref[k])
+    if not ks:
+        return Verdict(f"no length with both {claim['series']} and {claim['reference']}", NOT_COMPARABLE)
+    shown = "; ".join(f"{k:g} x L: {_shown(claim['series'], s[k], 'ppl')} vs {_shown(claim['reference'], ref[k], 'ppl')}"
+                      for k in ks)
+    if not all("ppl_band" in s[k] and "ppl_band" in ref[k] for k in ks):
+        return Verdict(f"{shown}; no intervals or seeds in this study to tell them from noise", NOT_COMPARABLE)
+    sep = {k: _separated(ref[k], s[k], "ppl") for k in ks}
+    better = [f"{k:g}" for k, v in sep.items() if v is False]
+    tied = [f"{k:g}" for k, v in sep.items() if v is None]
+    if better:
+        return Verdict(f"{shown}; lower than {claim['reference']} beyond the intervals at {', '.join(better)} x L",
+                       NOT_MATCHED)
+    if tied:
+        return Verdict(f"{shown}; within the intervals at {', '.join(tied)} x L", TIED)
+    return Verdict(shown, MATCHED)
+
+
+def _accuracy_series(rows: list[dict], name: str, task: str) -> dict[int, dict]:
+    scheme, _, method = name.partition("+")
+    return {r["length"]: r for r in rows
+            if r["task"] == task and r["scheme"] == scheme and r["method"] == (method or "none")}
+
+
+def retrieval_kept(claim: dict, rows: list[dict]) -> Verdict:
+    """The series' accuracy on the task is at least `min` at every length past
+    the training length, and above the control's (the plain model) beyond
+    the intervals at one such length at least: where the plain model retrieves
+    as well, the task at these lengths says nothing about the method."""
+    s, c = _accuracy_series(rows, claim["series"], claim["task"]), _accuracy_series(rows, claim["control"], claim["task"])
+    past = sorted(L for L, r in s.items() if L > r["train_len"])
+    if not past:
+        return Verdict(f"no {claim['series']} {claim['task']} result past the training length", NOT_COMPARABLE)
+    pct = lambda r: f"{r['accuracy']:.0%}" + (f" [{r['accuracy_lo']:.0%}, {r['accuracy_hi']:.0%}]"
+                                              if r.get("accuracy_lo") is not None else "")
+    shown = "; ".join(f"{L}: {pct(s[L])}" + (f" vs {claim['control']} {pct(c[L])}" if L in c else "") for L in past)
+    low = [str(L) for L in past if s[L]["accuracy"] < claim["min"]]
+    if low:
+        return Verdict(f"{shown}; below {claim['min']:.0%} at {', '.join(low)}", NOT_MATCHED)
+    both = [L for L in past if L in c]
+    if not both:
+        return Verdict(f"{shown}; control missing: no {claim['control']} {claim['task']} run", NOT_COMPARABLE)
+    if any(s[L].get("accuracy_lo") is None or c[L].get("accuracy_hi") is None for L in both):
+        return Verdict(f"{shown}; no intervals to tell it from the {claim['control']} control", NOT_COMPARABLE)
+    if not any(s[L]["accuracy_lo"] > c[L]["accuracy_hi"] for L in both):
+        return Verdict(f"{shown}; {claim['control']} retrieves within the intervals at every length", TIED)
+    return Verdict(shown, MATCHED)
+
+
 RULES = {"ratio_between": ratio_between, "ratio_at_most": ratio_at_most, "ppl_order": ppl_order,
-         "flat_beyond_window": flat_beyond_window, "task_mrr": task_mrr}
+         "flat_beyond_window": flat_beyond_window, "task_mrr": task_mrr, "worse_everywhere": worse_everywhere,
+         "retrieval_kept": retrieval_kept}
 PARAMETERS = {"ratio_between": ("series", "multiplier"), "ratio_at_most": ("series", "from_multiplier", "max"),
               "ppl_order": ("multiplier", "order"), "flat_beyond_window": ("series", "from_multiplier", "max", "control"),
-              "task_mrr": ("above", "below")}
-TASK_RULES = {"task_mrr"}
+              "task_mrr": ("above", "below"), "worse_everywhere": ("series", "reference"),
+              "retrieval_kept": ("series", "task", "min", "control")}
+# Which rows a rule reads (ppl_rows for every other rule).
+ROWS = {"task_mrr": "task", "retrieval_kept": "retrieval"}
 
 
 def rule_text(claim: dict) -> str:
@@ -307,6 +400,12 @@ def rule_text(claim: dict) -> str:
         where = ", in the fine-tuned runs" if claim.get("train_len") == "max" else ""
         return f"{claim.get('metric', 'ppl')} at {claim['multiplier']} x L{where}: " + " < ".join(claim["order"]) + \
             f", each pair apart beyond the intervals{budget}"
+    if r == "worse_everywhere":
+        return f"PPL of {claim['series']} above {claim['reference']}'s at every evaluated length, beyond the " \
+               f"intervals{budget}"
+    if r == "retrieval_kept":
+        return f"{claim['task']} accuracy of {claim['series']} >= {claim['min']:.0%} at every length past L, and above " \
+               f"{claim['control']}'s beyond the intervals at one of them{budget}"
     if r == "task_mrr":
         extra = f" ({', '.join(claim['extra'])} ranked too, not in the claim)" if claim.get("extra") else ""
         return f"mean reciprocal rank over tasks, exact match past the training sizes: each of " \
@@ -337,9 +436,9 @@ def check_claims(claims: list[dict], studies: dict[str, list[str]]) -> list[dict
                 result = Verdict(f"not run ({', '.join(missing) or 'no folder given for ' + c['study']})",
                                  NOT_COMPARABLE)
             else:
-                key = (path, c["rule"] in TASK_RULES)
+                key = (path, ROWS.get(c["rule"], "ppl"))
                 if key not in cache:
-                    cache[key] = task_rows(group) if key[1] else ppl_rows(group)
+                    cache[key] = {"task": task_rows, "retrieval": retrieval_rows, "ppl": ppl_rows}[key[1]](group)
                 try:
                     result = RULES[c["rule"]](c, cache[key])
                 except Ambiguous as e:

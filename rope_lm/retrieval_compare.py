@@ -14,7 +14,7 @@ from rope_lm.tables import markdown_table
 
 RETRIEVAL_JSON = "retrieval.json"
 COLUMNS = ["label", "scheme", "method", "train_len", "scoring", "threshold", "relative", "task", "effective_length",
-           "at_least", "effective", "lengths", "accuracy", "run_dir"]
+           "at_least", "effective", "lengths", "accuracy", "accuracy_lo", "accuracy_hi", "run_dir"]
 MEAN = "mean of tasks"
 
 
@@ -68,6 +68,34 @@ def retrieval_table(runs: list[dict]) -> str:
     return markdown_table(["run", "L", "scoring", "threshold", *tasks, MEAN], rows)
 
 
+def _numbers(values) -> str:
+    """Space-separated, empty where a value is missing (an interval without bootstrap)."""
+    return " ".join("" if v is None else f"{v:.4g}" for v in values) if all(v is not None for v in values) else ""
+
+
+def csv_rows(runs: list[dict], names: dict[str, str] | None = None) -> list[dict]:
+    """One row per run and task (and the mean of its tasks): effective length,
+    and the accuracy with its 95% interval at each length (space-separated)."""
+    names = names or retrieval_labels(runs)
+    rows = []
+    for r in runs:
+        entries = [(t, v["effective"], v["lengths"], v["by_length"]) for t, v in r["tasks"].items()]
+        mean = r["effective"]["mean"]
+        entries.append((MEAN, mean, next(iter(r["tasks"].values()))["lengths"],
+                        [{"accuracy": a} for a in mean["accuracy"]]))
+        for task, e, lengths, by_length in entries:
+            rows.append({"label": names[r["run_dir"]], "scheme": r["scheme"], "method": r["method"],
+                         "train_len": r.get("train_len"), "scoring": r.get("scoring"),
+                         "threshold": r["effective"]["threshold"], "relative": r["effective"]["relative"],
+                         "task": task, "effective_length": e["length"], "at_least": e["at_least"],
+                         "effective": effective_label(e, r.get("train_len")), "lengths": " ".join(map(str, lengths)),
+                         "accuracy": _numbers([b["accuracy"] for b in by_length]),
+                         "accuracy_lo": _numbers([b.get("accuracy_lo") for b in by_length]),
+                         "accuracy_hi": _numbers([b.get("accuracy_hi") for b in by_length]),
+                         "run_dir": _from_here(r["run_dir"])})
+    return rows
+
+
 def compare_retrieval(paths: list[str], out_dir: str, title: str | None = None, required: bool = True) -> dict | None:
     """compare_retrieval.md (the effective-length table) and compare_retrieval.csv
     (one row per run and task, with its accuracy by length). Without a
@@ -87,19 +115,7 @@ def compare_retrieval(paths: list[str], out_dir: str, title: str | None = None, 
           "above at the shortest.", "", retrieval_table(runs), ""]
     if skipped:
         md += ["## Runs not read", ""] + [f"- {s}" for s in skipped] + [""]
-    rows = []
-    for r in runs:
-        entries = [(t, v["effective"], v["lengths"], [row["accuracy"] for row in v["by_length"]])
-                   for t, v in r["tasks"].items()]
-        entries.append((MEAN, r["effective"]["mean"], next(iter(r["tasks"].values()))["lengths"],
-                        r["effective"]["mean"]["accuracy"]))
-        for task, e, lengths, acc in entries:
-            rows.append({"label": names[r["run_dir"]], "scheme": r["scheme"], "method": r["method"],
-                         "train_len": r.get("train_len"), "scoring": r.get("scoring"),
-                         "threshold": r["effective"]["threshold"], "relative": r["effective"]["relative"],
-                         "task": task, "effective_length": e["length"], "at_least": e["at_least"],
-                         "effective": effective_label(e, r.get("train_len")), "lengths": " ".join(map(str, lengths)),
-                         "accuracy": " ".join(f"{a:.4g}" for a in acc), "run_dir": _from_here(r["run_dir"])})
+    rows = csv_rows(runs, names)
     files = {"markdown": os.path.join(out_dir, "compare_retrieval.md"),
              "csv": os.path.join(out_dir, "compare_retrieval.csv")}
     atomic_write(files["markdown"], "\n".join(md))

@@ -230,6 +230,50 @@ def tasks_with_alibi_first():
     return rows
 
 
+def pretrained(ppl: dict, train_len=8192):
+    """PPL rows of one pretrained model under several methods: {series: {length: (ppl, lo, hi)}};
+    ppl_rel against the series' own PPL at the trained length."""
+    rows = []
+    for name, table in ppl.items():
+        scheme, _, method = name.partition("+")
+        for length, (v, lo, hi) in table.items():
+            ref = table[train_len][0]
+            rows.append({"scheme": scheme, "method": method or "none", "label": name, "seed": None,
+                         "train_len": train_len, "length": length, "ratio": length / train_len, "ppl": v, "ppl_lo": lo,
+                         "ppl_hi": hi, "ppl_rel": v / ref})
+    return rows
+
+
+def pi_helps_past_l():
+    """PI x2 worse than the plain model inside the trained window, better past it."""
+    return pretrained({"rope": {4096: (28.0, 27.0, 29.0), 8192: (28.0, 27.0, 29.0), 16384: (63.0, 60.0, 66.0)},
+                       "rope+pi-x2": {4096: (60.0, 58.0, 62.0), 8192: (60.0, 58.0, 62.0), 16384: (40.0, 38.0, 42.0)}})
+
+
+def retrieval_json(directory, method, accuracy: dict, train_len=8192, half_width=0.1):
+    """A scripts/retrieval.py result with one task (passkey): {length: accuracy}."""
+    from rope_lm.effective_length import add_effective
+
+    lengths = sorted(accuracy)
+    by_length = [{"length": L, "accuracy": accuracy[L], "accuracy_lo": max(0.0, accuracy[L] - half_width),
+                  "accuracy_hi": min(1.0, accuracy[L] + half_width)} for L in lengths]
+    tasks = {"passkey": {"lengths": lengths, "by_length": by_length}}
+    effective = add_effective(tasks, train_len=train_len)
+    os.makedirs(directory, exist_ok=True)
+    with open(os.path.join(directory, "retrieval.json"), "w") as f:
+        json.dump({"scheme": "rope", "method": method, "train_len": train_len, "scoring": "teacher",
+                   "tasks": tasks, "effective": effective}, f)
+    return str(directory)
+
+
+def self_extend_loses_the_key():
+    rows = []
+    for method, acc in (("none", {4096: 1.0, 8192: 1.0, 16384: 0.0}), ("self_extend", {4096: 1.0, 8192: 1.0, 16384: 0.4})):
+        rows += [{"task": "passkey", "scheme": "rope", "method": method, "train_len": 8192, "length": L, "accuracy": a,
+                  "accuracy_lo": max(0.0, a - 0.1), "accuracy_hi": min(1.0, a + 0.1)} for L, a in acc.items()]
+    return rows
+
+
 # claim id -> the rows its rule must reject: committed results of a model too small or too
 # short-trained for the claim, or constructed.
 CONTROLS = {
@@ -240,6 +284,12 @@ CONTROLS = {
     "tasks_nope_t5_first": tasks_with_alibi_first,
     "su_zero_shot_order": lambda: P.ppl_rows([committed("rope_scaling_pg19_6000")]),  # PI beats plain RoPE
     "finetuned_yarn_ntk_pi": lambda: P.ppl_rows([committed("finetune_pg19_6000")]),   # YaRN ~ NTK
+    # A tiny model trained at 64 tokens: RoPE only 1.06 at 2 x L, NTK 1.16 and YaRN 1.25 there.
+    "real_unscaled_rises": lambda: P.ppl_rows([committed("pe_stdlib_6000")]),
+    "real_pi_without_finetune_hurts": pi_helps_past_l,
+    "real_ntk_flat_at_2x": lambda: P.ppl_rows([committed("rope_scaling_pg19_6000")]),
+    "real_yarn_flat_at_2x": lambda: P.ppl_rows([committed("rope_scaling_pg19_6000")]),
+    "real_self_extend_passkey": self_extend_loses_the_key,
 }
 
 
@@ -292,3 +342,39 @@ def test_alibi_flat_fails_when_not_flat_and_when_worse_than_the_window():
              if r["scheme"] == "alibi" and r["length"] > 64 else r for r in alibi_no_better_than_window()]
     v = P.RULES[c["rule"]](c, worse)
     assert v.verdict == P.NOT_MATCHED and "above the control beyond the intervals at 2, 4, 16 x L" in v.ours
+
+
+def test_worse_everywhere_needs_every_length_apart():
+    c = claim(rule="worse_everywhere", series="rope+pi-x2", reference="rope")
+    v = P.worse_everywhere(c, pi_helps_past_l())
+    assert v.verdict == P.NOT_MATCHED and "lower than rope beyond the intervals at 2 x L" in v.ours
+    hurts = [dict(r, ppl=r["ppl"] + 30, ppl_lo=r["ppl_lo"] + 30, ppl_hi=r["ppl_hi"] + 30)
+             if r["method"] == "pi-x2" and r["length"] == 16384 else r for r in pi_helps_past_l()]
+    v = P.worse_everywhere(c, hurts)  # 70 [68, 72] vs 63 [60, 66] at 2 x L, and above at 0.5 and 1 x L
+    assert v.verdict == P.MATCHED and v.ours.startswith("0.5 x L: rope+pi-x2 60.0 [58.0, 62.0] vs rope 28.0 [27.0, 29.0]")
+    close = [dict(r, ppl_lo=r["ppl"] - 20) if r["method"] == "pi-x2" and r["length"] == 16384 else r for r in hurts]
+    v = P.worse_everywhere(c, close)
+    assert v.verdict == P.TIED and "within the intervals at 2 x L" in v.ours
+    assert P.worse_everywhere({**c, "reference": "alibi"}, hurts).verdict == P.NOT_COMPARABLE
+
+
+def test_retrieval_rule_from_result_folders_and_from_compare_csv(tmp_path):
+    from rope_lm.retrieval_compare import compare_retrieval
+
+    none = retrieval_json(tmp_path / "r" / "none", "none", {2048: 1.0, 8192: 1.0, 12288: 0.2, 16384: 0.0})
+    kept = retrieval_json(tmp_path / "r" / "se", "self_extend", {2048: 1.0, 8192: 1.0, 12288: 1.0, 16384: 0.9})
+    c = claim(rule="retrieval_kept", series="rope+self_extend", task="passkey", min=0.8, control="rope")
+    v = P.retrieval_kept(c, P.retrieval_rows([str(tmp_path / "r")]))
+    assert v.verdict == P.MATCHED
+    assert v.ours == "12288: 100% [90%, 100%] vs rope 20% [10%, 30%]; 16384: 90% [80%, 100%] vs rope 0% [0%, 10%]"
+    compare_retrieval([str(tmp_path / "r")], str(tmp_path / "cmp"))
+    assert P.retrieval_rows([str(tmp_path / "cmp")]) == P.retrieval_rows([str(tmp_path / "r")])
+    assert P.retrieval_kept(c, P.retrieval_rows([str(tmp_path / "cmp")])).ours == v.ours
+    # below the bar at one length past L: not matched; the plain model as good: tied; no control: not comparable
+    retrieval_json(kept, "self_extend", {2048: 1.0, 8192: 1.0, 12288: 1.0, 16384: 0.7})
+    assert P.retrieval_kept(c, P.retrieval_rows([str(tmp_path / "r")])).verdict == P.NOT_MATCHED
+    retrieval_json(kept, "self_extend", {2048: 1.0, 8192: 1.0, 12288: 1.0, 16384: 0.9})
+    retrieval_json(none, "none", {2048: 1.0, 8192: 1.0, 12288: 1.0, 16384: 0.9})
+    v = P.retrieval_kept(c, P.retrieval_rows([str(tmp_path / "r")]))
+    assert v.verdict == P.TIED and "rope retrieves within the intervals at every length" in v.ours
+    assert P.retrieval_kept(c, P.retrieval_rows([kept])).verdict == P.NOT_COMPARABLE
