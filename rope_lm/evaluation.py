@@ -13,6 +13,11 @@ documents: the documents of the split with at least L+1 tokens (a document's
   proof-pile. Every length scores the same documents (those long enough for
   the longest length) when there are any; otherwise each length scores the
   documents long enough for it, and the row says how many. Unit: the document.
+  With `document_tokens` B: the first B targets of each document (B rounded
+  down to a multiple of the longest L) cut into windows of L as the stream
+  protocol cuts its N, so every length scores the same targets of the same
+  documents and no window crosses a document's end; many windows per held-out
+  book where one window per book gives too few tokens. Unit: the window.
 sliding: the same N targets as stream, each scored once with up to L tokens of
   context: windows of L start every `sliding_stride` tokens and score only
   their last `stride` targets (the first window scores all of its own). Many
@@ -53,6 +58,7 @@ class EvalConfig:
     split: str = "test"
     protocol: str = "stream"  # stream | documents | sliding
     max_documents: int | None = None  # documents protocol: documents per length (default from token_budget)
+    document_tokens: int | None = None  # documents protocol: score each document's first B targets in windows of L
     bootstrap: int = 1000  # resamples for the 95% intervals; 0: no intervals
     seed: int = 0  # of the bootstrap resampling
 
@@ -96,6 +102,18 @@ class EvalConfig:
                 f"scored at every length under eval.protocol=documents), or null to take eval.token_budget / the "
                 f"longest length."
             )
+        if self.document_tokens is not None and (not isinstance(self.document_tokens, int)
+                                                 or isinstance(self.document_tokens, bool) or self.document_tokens <= 0):
+            raise ConfigError(
+                f"eval.document_tokens={self.document_tokens!r} must be a positive number of tokens (each document's "
+                f"first that many targets, cut into windows of L, under eval.protocol=documents), or null for one "
+                f"window of L per document."
+            )
+        if self.document_tokens is not None and self.protocol != "documents":
+            raise ConfigError(
+                f"eval.document_tokens={self.document_tokens} applies to eval.protocol=documents only (it is "
+                f"{self.protocol}); set eval.protocol=documents, or drop eval.document_tokens."
+            )
         if not isinstance(self.bootstrap, int) or isinstance(self.bootstrap, bool) or self.bootstrap < 0:
             raise ConfigError(
                 f"eval.bootstrap={self.bootstrap!r} must be a whole number of bootstrap resamples: 1000 gives "
@@ -128,13 +146,28 @@ class DocumentPlan:
     chosen: dict  # evaluation length -> indices of the documents it scores
     shared: bool  # every length scores the same documents
     skipped: list  # evaluation lengths no document is long enough for
+    tiled: int | None = None  # targets scored per document in windows of L (eval.document_tokens), else None
 
 
 def plan_documents(doc_starts: np.ndarray, n_tokens: int, lengths: list[int], budget: int,
-                   max_documents: int | None, split: str = "test") -> DocumentPlan:
+                   max_documents: int | None, split: str = "test", document_tokens: int | None = None) -> DocumentPlan:
     starts = np.asarray(doc_starts, dtype=np.int64)
     sizes = np.diff(np.append(starts, n_tokens))
     longest = max(lengths)
+    if document_tokens is not None:
+        n = (document_tokens // longest) * longest
+        if n < longest:
+            raise ConfigError(
+                f"eval.document_tokens={document_tokens} is shorter than the longest evaluation length {longest}: "
+                f"each document must hold at least one window of it. Give eval.document_tokens >= {longest}.")
+        long_enough = np.flatnonzero(sizes >= n + 1)
+        if not len(long_enough):
+            raise ConfigError(
+                f"No document of the {split} split has the {n + 1} tokens eval.document_tokens={document_tokens} "
+                f"asks to score (the longest has {int(sizes.max()) if len(sizes) else 0}). Lower "
+                f"eval.document_tokens, or hold out longer documents.")
+        k = max_documents or max(1, budget // n)
+        return DocumentPlan(starts, sizes, {L: long_enough[:k] for L in lengths}, True, [], n)
     k = max_documents or max(1, budget // longest)
     shared = np.flatnonzero(sizes >= longest + 1)
     if len(shared):
@@ -163,11 +196,14 @@ def eval_summary(cfg: EvalConfig, stream_len: int, doc_starts: np.ndarray | None
     if cfg.protocol == "documents":
         if doc_starts is None:
             raise ValueError("eval.protocol=documents needs the split's document starts")
-        plan = plan_documents(doc_starts, stream_len, lengths, cfg.token_budget, cfg.max_documents, cfg.split)
+        plan = plan_documents(doc_starts, stream_len, lengths, cfg.token_budget, cfg.max_documents, cfg.split,
+                              cfg.document_tokens)
         out.update(documents_shared=plan.shared, split_documents=int(len(plan.starts)),
                    documents={str(L): int(len(c)) for L, c in plan.chosen.items()},
-                   scored_tokens={str(L): int(len(c)) * L for L, c in plan.chosen.items()},
+                   scored_tokens={str(L): int(len(c)) * (plan.tiled or L) for L, c in plan.chosen.items()},
                    skipped_lengths=plan.skipped, max_documents=cfg.max_documents)
+        if plan.tiled:
+            out["document_tokens"] = plan.tiled
     else:
         out["scored_tokens"] = scored_tokens(stream_len, lengths, cfg.token_budget, cfg.split)
     if cfg.sliding_stride:
@@ -262,26 +298,48 @@ def _window_units(kind: str, keys, losses: torch.Tensor, widths: np.ndarray, tra
                            ends=None if ends is None else np.asarray(ends, dtype=np.int64))
 
 
-def _stream(model, stream, L, n, train_len, batch_tokens, buckets, tick=None):
-    tokens = torch.from_numpy(np.asarray(stream[: n + 1], dtype=np.int64))
+def _tiles(model, stream, offset, L, n, train_len, batch_tokens, total, count, tick=None) -> list:
+    """The n targets after stream[offset] in windows of L, each starting fresh
+    (the last one shorter where L does not divide n, so that every length
+    scores the same targets): their losses summed per position into total and
+    count, and their bootstrap units (keyed by stream offset) returned."""
+    tokens = torch.from_numpy(np.asarray(stream[offset : offset + n + 1], dtype=np.int64))
     full = n // L
-    # A length that does not divide N (1.25 x L_train, say) ends in one shorter
-    # window, so that every length still scores exactly the same N targets.
     spans = [(0, full * L, L)] + ([(full * L, n, n - full * L)] if n % L else [])
-    total = torch.zeros(L, dtype=torch.float64)  # loss summed over windows, per position
-    count = torch.zeros(L, dtype=torch.float64)
     parts = []
     for start, end, width in spans:
         losses = _windowed_losses(model, tokens, torch.arange(start, end, width), width, batch_tokens, tick)
         total[:width] += losses.double().sum(0)
         count[:width] += losses.shape[0]
-        keys = np.arange(start, end, width)
+        keys = offset + np.arange(start, end, width)
         parts.append(_window_units("window", keys, losses, np.full(len(keys), width), train_len, keys + width))
+    return parts
+
+
+def _joined(parts) -> bootstrap.Units:
+    return bootstrap.Units("window", *[np.concatenate([getattr(p, f) for p in parts])
+                                       for f in ("keys", "loss", "count", "loss_beyond", "count_beyond", "ends")])
+
+
+def _stream(model, stream, L, n, train_len, batch_tokens, buckets, tick=None):
+    total = torch.zeros(L, dtype=torch.float64)  # loss summed over windows, per position
+    count = torch.zeros(L, dtype=torch.float64)
+    parts = _tiles(model, stream, 0, L, n, train_len, batch_tokens, total, count, tick)
     row = _row(L, train_len, total, count, n, buckets)
-    row["windows"] = full + (1 if n % L else 0)
-    units = bootstrap.Units("window", *[np.concatenate([getattr(p, f) for p in parts])
-                                        for f in ("keys", "loss", "count", "loss_beyond", "count_beyond", "ends")])
-    return row, units
+    row["windows"] = -(-n // L)
+    return row, _joined(parts)
+
+
+def _document_tiles(model, stream, L, docs: np.ndarray, plan: DocumentPlan, train_len, batch_tokens, buckets, tick=None):
+    """The first plan.tiled targets of every document, in windows of L."""
+    total = torch.zeros(L, dtype=torch.float64)
+    count = torch.zeros(L, dtype=torch.float64)
+    parts = []
+    for start in plan.starts[docs]:
+        parts += _tiles(model, stream, int(start), L, plan.tiled, train_len, batch_tokens, total, count, tick)
+    row = _row(L, train_len, total, count, len(docs) * plan.tiled, buckets)
+    row.update(windows=len(docs) * -(-plan.tiled // L), documents=int(len(docs)), document_tokens=plan.tiled)
+    return row, _joined(parts)
 
 
 def sliding_windows(n: int, L: int, stride: int) -> tuple[np.ndarray, np.ndarray]:
@@ -361,7 +419,7 @@ def evaluate_lengths(model, stream: np.ndarray, cfg: EvalConfig, train_len: int,
     plan = None
     if cfg.protocol == "documents":
         plan = plan_documents(doc_starts, len(stream), lengths + summary["skipped_lengths"], cfg.token_budget,
-                              cfg.max_documents, cfg.split)
+                              cfg.max_documents, cfg.split, cfg.document_tokens)
         for L in plan.skipped:
             log.warning("ppl@%d skipped: no document of the %s split has %d tokens", L, cfg.split, L + 1)
     n = summary["scored_tokens"] if cfg.protocol != "documents" else None
@@ -381,8 +439,9 @@ def evaluate_lengths(model, stream: np.ndarray, cfg: EvalConfig, train_len: int,
                 row, units, _ = _sliding(model, stream, L, n, cfg.sliding_stride, train_len, cfg.batch_tokens,
                                          cfg.position_buckets, bar.update)
             else:
-                row, units = _documents(model, stream, L, plan.chosen[L], plan, train_len, cfg.batch_tokens,
-                                        cfg.position_buckets, bar.update)
+                score = _document_tiles if plan.tiled else _documents
+                row, units = score(model, stream, L, plan.chosen[L], plan, train_len, cfg.batch_tokens,
+                                   cfg.position_buckets, bar.update)
             row = {"protocol": cfg.protocol, **row, "unit": units.kind, "units": len(units)}
             if cfg.protocol == "documents":
                 row["documents_shared"] = plan.shared
@@ -423,7 +482,7 @@ def _progress(cfg: EvalConfig, lengths: list[int], n: int | None, plan: Document
     total = 0
     for L in lengths:
         if cfg.protocol == "documents":
-            total += len(plan.chosen[L])
+            total += len(plan.chosen[L]) * (-(-plan.tiled // L) if plan.tiled else 1)
             continue
         if cfg.protocol == "stream":
             total += -(-n // L)

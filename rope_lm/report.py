@@ -71,6 +71,9 @@ def _protocol_lines(results: dict) -> list[str]:
     corpus = (f"Corpus: {results['corpus'].get('source')} `{results['corpus'].get('fingerprint')}`, split "
               f"`{ev.get('split', 'test')}`.")
     text = PROTOCOL_TEXT[protocol].format(stride=rows[0].get("stride"))
+    if rows[0].get("document_tokens"):
+        text = (f"the first {rows[0]['document_tokens']} targets of each document, cut into non-overlapping windows of "
+                f"L tokens that never cross a document's end")
     out = [f"{corpus} Protocol `{protocol}`: {text}."]
     lengths = sorted({r["length"] for r in rows})
     if protocol == "documents":

@@ -1,5 +1,6 @@
 """ppl@L, the per-position split at L_train and sliding windows, against hand computations."""
 
+import dataclasses
 import math
 
 import numpy as np
@@ -208,6 +209,40 @@ def test_documents_protocol_scores_the_long_documents_truncated_to_L(model, doc_
     plan = plan_documents(starts, len(stream), [8, 16, 32], budget=64, max_documents=None)
     assert [list(c) for c in plan.chosen.values()] == [[1, 3]] * 3
     assert list(plan_documents(starts, len(stream), [8, 32], 10**6, max_documents=3).chosen[8]) == [1, 3, 4]
+
+
+def test_documents_protocol_with_document_tokens_tiles_each_document_like_the_stream(model, doc_split):
+    stream, starts = doc_split
+    cfg = EvalConfig(lengths=[8, 12, 16], protocol="documents", document_tokens=40, token_budget=10**6,
+                     batch_tokens=64, position_buckets=4)
+    rows = evaluate_lengths(model, stream, cfg, train_len=8, doc_starts=starts)
+    # B = 40 rounds down to 32 (a multiple of 16); documents with >= 33 tokens: 1, 3, 4, 6
+    for row in rows:
+        L = row["length"]
+        assert (row["documents"], row["tokens"], row["document_tokens"], row["unit"]) == (4, 128, 32, "window")
+        assert row["windows"] == row["units"] == 4 * -(-32 // L)
+        # the hand reading: each document's first 32 targets, in windows of L starting fresh (12: 12, 12, 8)
+        nll = []
+        for d in (1, 3, 4, 6):
+            for w in range(0, 32, L):
+                ids = [int(v) for v in stream[starts[d] + w : starts[d] + min(w + L, 32) + 1]]
+                nll += [hand_nll(model, ids[: t + 1], ids[t + 1]) for t in range(len(ids) - 1)]
+        assert len(nll) == 128 and row["ppl"] == pytest.approx(math.exp(sum(nll) / len(nll)), rel=1e-5)
+        # one document alone is the stream protocol on its tokens (48 targets: document 3, the first with 49)
+        one = EvalConfig(lengths=[L], token_budget=48, batch_tokens=64, position_buckets=4, bootstrap=0)
+        alone = evaluate_lengths(model, stream[starts[3] :], one, train_len=8)[0]
+        mine = evaluate_lengths(model, stream, dataclasses.replace(cfg, lengths=[L], document_tokens=48, max_documents=1,
+                                                                   bootstrap=0), train_len=8, doc_starts=starts)[0]
+        assert mine["ppl"] == pytest.approx(alone["ppl"], rel=1e-6)
+    assert rows[2]["length"] == 16 and rows[2]["ppl_rel_paired"]  # windows of 8 nest in those of 16, per document
+    summary = eval_summary(cfg, len(stream), starts, 8)
+    assert summary["document_tokens"] == 32 and summary["scored_tokens"] == {"8": 128, "12": 128, "16": 128}
+    with pytest.raises(ConfigError, match="document_tokens=8 is shorter than the longest evaluation length 16"):
+        plan_documents(starts, len(stream), [8, 16], 10**6, None, document_tokens=8)
+    with pytest.raises(ConfigError, match="No document of the test split has the 1025 tokens"):
+        plan_documents(starts, len(stream), [8, 16], 10**6, None, document_tokens=1024)
+    with pytest.raises(ConfigError, match="applies to eval.protocol=documents only"):
+        EvalConfig(document_tokens=64).validate()
 
 
 def test_documents_protocol_without_a_shared_set_says_how_many_each_length_used(model, doc_split):
