@@ -1,0 +1,108 @@
+"""The results pages' tables, generated from the committed CSVs, so that a
+page and its data cannot drift. Torch-free.
+
+A generated block in a markdown page is a marker line, the table, and an end
+line:
+
+    <!-- table: docs/results/pe_pg19_6000/compare.csv ppl -->
+    | run | 64 (1×) | ... |
+    <!-- end table -->
+
+The marker names a file (relative to the repository root) and a kind:
+
+* ``ppl``: a compare.csv's PPL per run and length, with the 95% interval;
+* ``rel``: the same runs' PPL relative to their own PPL at L_train, with the
+  interval of the ratio;
+* ``summary``: one line per run, PPL at L_train and at the whole multiples
+  2, 4, ... x L_train, then the same relative to L_train (no intervals: the
+  comparison's compare.md has them);
+* ``md``: a markdown file as it is (e.g. check_published.md).
+
+Options after the kind: ``labels=a,b`` picks and orders the runs (compare.csv
+labels), ``group=<slug>`` the group of a multi-group comparison.
+`scripts/results_page.py` rewrites every block of the pages; with
+``check=true`` it only says which blocks are stale, and the test suite runs
+that check on the committed pages.
+"""
+
+import csv
+import os
+import re
+
+from rope_lm.compare import _fmt, _with_ci
+from rope_lm.errors import ConfigError
+from rope_lm.tables import markdown_table
+
+BLOCK = re.compile(r"^<!-- table: (?P<spec>[^>]*?) -->\n(?P<body>.*?)^<!-- end table -->$", re.M | re.S)
+KINDS = ("ppl", "rel", "summary", "md")
+
+
+def _number(v: str):
+    return float(v) if v not in ("", None) else None
+
+
+def _runs(path: str, options: dict) -> tuple[list[str], list[int], dict]:
+    with open(path, newline="") as f:
+        rows = [r for r in csv.DictReader(f) if r.get("group", "") == options.get("group", "")]
+    if not rows:
+        raise ConfigError(f"{path} has no rows{' in group ' + options['group'] if 'group' in options else ''}: "
+                          f"regenerate it with scripts/compare.py, or fix the block's group= option.")
+    labels = list(dict.fromkeys(r["label"] for r in rows))
+    if "labels" in options:
+        wanted = options["labels"].split(",")
+        missing = [w for w in wanted if w not in labels]
+        if missing:
+            raise ConfigError(f"{path} has no run labelled {', '.join(missing)} (it has: {', '.join(labels)}).")
+        labels = wanted
+    lengths = sorted({int(r["length"]) for r in rows if r["label"] in labels})
+    by = {(r["label"], int(r["length"])): r for r in rows}
+    return labels, lengths, by
+
+
+def render(spec: str, root: str = ".") -> str:
+    """The table (or file) a block's marker asks for, without trailing newline."""
+    parts = spec.split()
+    if len(parts) < 2 or parts[1] not in KINDS:
+        raise ConfigError(f"A results-page block says `<!-- table: {spec} -->`; write `<!-- table: <file> <kind> "
+                          f"[labels=a,b] [group=g] -->` with kind one of {', '.join(KINDS)}.")
+    path, kind = os.path.join(root, parts[0]), parts[1]
+    options = dict(p.split("=", 1) for p in parts[2:])
+    if not os.path.isfile(path):
+        raise ConfigError(f"{parts[0]} (named by a results-page block) does not exist under {os.path.abspath(root)}.")
+    if kind == "md":
+        with open(path) as f:
+            return f.read().rstrip("\n")
+    labels, lengths, by = _runs(path, options)
+    train_len = {int(float(by[k]["train_len"])) for k in by if k[0] in labels}
+    if len(train_len) != 1:
+        raise ConfigError(f"The runs {', '.join(labels)} of {parts[0]} have different training lengths "
+                          f"({sorted(train_len)}); pick one group with labels= or group=.")
+    L0 = train_len.pop()
+    if kind == "summary":
+        far = [L for L in lengths if L > L0 and L % L0 == 0]
+        value = lambda label, L, k: _fmt(_number((by.get((label, L)) or {}).get(k)))
+        return markdown_table(["run", f"{L0} (1×)"] + [f"{L // L0}×" for L in far] +
+                              [f"relative at {far[0] // L0}×"] + [f"{L // L0}×" for L in far[1:]],
+                              [[label, value(label, L0, "ppl")] + [value(label, L, "ppl") for L in far] +
+                               [value(label, L, "ppl_rel") for L in far] for label in labels])
+    key = ("ppl", "ppl_lo", "ppl_hi") if kind == "ppl" else ("ppl_rel", "ppl_rel_lo", "ppl_rel_hi")
+
+    def cell(label, L):
+        r = by.get((label, L))
+        return _with_ci(*(_number(r.get(k)) for k in key)) if r else _fmt(None)
+
+    return markdown_table(["run"] + [f"{L} ({L / L0:g}×)" for L in lengths],
+                          [[label] + [cell(label, L) for L in lengths] for label in labels])
+
+
+def regenerate(text: str, root: str = ".") -> tuple[str, list[str]]:
+    """(the page with every block regenerated, the specs of the blocks that changed)."""
+    stale = []
+
+    def one(m):
+        body = render(m.group("spec"), root) + "\n"
+        if body != m.group("body"):
+            stale.append(m.group("spec"))
+        return f"<!-- table: {m.group('spec')} -->\n{body}<!-- end table -->"
+
+    return BLOCK.sub(one, text), stale

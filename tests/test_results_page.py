@@ -1,0 +1,80 @@
+"""The results pages' generated tables (rope_lm/results_page.py): the committed
+pages equal what their CSVs give, and a changed CSV makes its block stale."""
+
+import os
+import sys
+
+import pytest
+
+from rope_lm.errors import ConfigError
+from rope_lm.results_page import BLOCK, regenerate, render
+from tests import forked
+from tests.conftest import ROOT
+
+HEADER = "group,label,scheme,method,seed,train_len,length,ratio,ppl,ppl_lo,ppl_hi,ppl_rel,ppl_rel_lo,ppl_rel_hi\n"
+
+
+def write_csv(path, rows):
+    path.write_text(HEADER + "".join(",".join(map(str, r)) + "\n" for r in rows))
+    return str(path)
+
+
+def small(tmp_path, rope_at_128=30.0):
+    return write_csv(tmp_path / "compare.csv", [
+        ("", "rope", "rope", "none", "", 64, 64, 1.0, 20.0, 19.0, 21.0, 1.0, 1.0, 1.0),
+        ("", "rope", "rope", "none", "", 64, 128, 2.0, rope_at_128, 28.0, 32.0, rope_at_128 / 20, 1.4, 1.6),
+        ("", "alibi", "alibi", "none", "", 64, 64, 1.0, 21.0, 20.0, 22.0, 1.0, 1.0, 1.0),
+        ("", "alibi", "alibi", "none", "", 64, 128, 2.0, 1234.5, 1200.0, 1300.0, 0.95, 0.9, 1.0),
+    ])
+
+
+def test_a_block_is_the_hand_written_table(tmp_path):
+    csv = small(tmp_path)
+    assert render(f"{csv} ppl") == ("| run | 64 (1×) | 128 (2×) |\n|---|---|---|\n"
+                                    "| rope | 20.00 [19.00, 21.00] | 30.00 [28.00, 32.00] |\n"
+                                    "| alibi | 21.00 [20.00, 22.00] | 1234 [1200, 1300] |")
+    assert render(f"{csv} rel labels=alibi") == ("| run | 64 (1×) | 128 (2×) |\n|---|---|---|\n"
+                                                 "| alibi | 1.00 [1.00, 1.00] | 0.95 [0.90, 1.00] |")
+    assert render(f"{csv} summary") == ("| run | 64 (1×) | 2× | relative at 2× |\n|---|---|---|---|\n"
+                                        "| rope | 20.00 | 30.00 | 1.50 |\n| alibi | 21.00 | 1234 | 0.95 |")
+
+
+def test_a_changed_csv_makes_its_block_stale_and_regenerating_mends_it(tmp_path):
+    csv = small(tmp_path)
+    page = f"text\n\n<!-- table: {csv} ppl -->\n{render(csv + ' ppl')}\n<!-- end table -->\n\nmore\n"
+    assert regenerate(page) == (page, [])
+    small(tmp_path, rope_at_128=31.0)
+    new, stale = regenerate(page)
+    assert stale == [f"{csv} ppl"] and "31.00 [28.00, 32.00]" in new and new.endswith("<!-- end table -->\n\nmore\n")
+    assert regenerate(new) == (new, [])
+
+
+@pytest.mark.parametrize("spec, words", [
+    ("docs/results/pe_pg19_6000/compare.csv", "kind one of ppl, rel, summary, md"),
+    ("docs/results/nowhere/compare.csv ppl", "does not exist"),
+    ("docs/results/pe_pg19_6000/compare.csv ppl labels=rope,xpos", "has no run labelled xpos"),
+])
+def test_a_bad_block_is_one_paragraph(spec, words):
+    with pytest.raises(ConfigError, match=words):
+        render(spec, ROOT)
+
+
+def test_the_committed_pages_are_what_their_csvs_give():
+    for page in ("docs/results.md", "docs/results_archive.md"):
+        with open(os.path.join(ROOT, page)) as f:
+            text = f.read()
+        assert len(BLOCK.findall(text)) >= 3, page
+        assert regenerate(text, ROOT)[1] == [], f"{page}: run python scripts/results_page.py"
+
+
+def test_the_script_checks_and_rewrites(tmp_path):
+    csv = small(tmp_path)
+    page = tmp_path / "page.md"
+    page.write_text(f"<!-- table: {csv} rel -->\n| stale |\n<!-- end table -->\n")
+    script = [sys.executable, os.path.join(ROOT, "scripts", "results_page.py"), f"pages=[{page}]", f"root={tmp_path}"]
+    done = forked.run(script + ["check=true"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1 and "1 block(s) stale" in done.stdout and page.read_text().count("| stale |") == 1
+    done = forked.run(script, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "1.50 [1.40, 1.60]" in page.read_text()
+    again = forked.run(script + ["check=true"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert again.returncode == 0 and "Every generated block is current" in again.stdout
