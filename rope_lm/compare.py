@@ -468,6 +468,7 @@ def markdown(groups: list[Group], skipped: list[str], title: str) -> str:
                 table(lambda s, L: _fmt(s.rows[L].get("ppl_beyond") if L in s.rows else None)), ""]
         out += _seed_section(g, lengths, columns)
         out += _noise_section(g, lengths)
+        out += _window_section(g, lengths)
     if skipped:
         out += ["## Jobs not complete or not readable (shown above only where some lengths were evaluated)", ""]
         out += [f"- {s}" for s in skipped] + [""]
@@ -508,6 +509,45 @@ def _noise_section(g: Group, lengths: list[int]) -> list[str]:
     return ["### Within noise", "",
             "Rows whose noise intervals overlap the best row's (a run: its 95% bootstrap interval; "
             "a seed aggregate: mean ± 2 sd) cannot be told apart from it at that length.", ""] + lines + [""]
+
+
+WINDOW_CONTROL = "window"  # the method whose series is the window-L control (attention cut to the last L keys)
+
+
+def _window_section(g: Group, lengths: list[int]) -> list[str]:
+    """Does each series use the context past L? Its PPL relative to its own at
+    L_train against the window-L control's (a model that reads nothing past
+    L), at each length past L_train: below beyond both 95% intervals (yes),
+    above beyond them (no), or within them (tied)."""
+    L0 = g.key.train_len
+    controls = [s for s in g.series if s.method == WINDOW_CONTROL and s.reference_self]
+    if len(controls) != 1:
+        return []
+    control, past = controls[0], [L for L in lengths if L > L0]
+
+    def band(s, L):
+        row = s.rows.get(L) or {}
+        lo, hi = row.get("ppl_rel_lo"), row.get("ppl_rel_hi")
+        return None if lo is None or hi is None or not s.reference_self else (lo, hi)
+
+    def cell(s, L):
+        a, b = band(s, L), band(control, L)
+        if a is None or b is None:
+            return "–"
+        shown = f"{_fmt(_rel(s, L))} vs {_fmt(_rel(control, L))}"
+        if a[1] < b[0]:
+            return f"**yes** ({shown})"
+        return f"no ({shown})" if a[0] > b[1] else f"tied ({shown})"
+
+    rows = [[s.label] + [cell(s, L) for L in past] for s in g.series if s is not control]
+    if not past or not rows:
+        return []
+    return [f"### Against the window-L control ({control.label})", "",
+            f"Does a run use the context past L_train = {L0}? Its PPL relative to its own at L_train against "
+            f"{control.label}'s, a model whose attention is cut to the last {L0} keys and so reads nothing past "
+            f"them: **yes** where it is lower beyond both 95% intervals, no where higher beyond them, tied within "
+            f"them. A flat curve alone is what the control gives too.", "",
+            markdown_table(["run"] + [f"{L} ({L / L0:g}×)" for L in past], rows), ""]
 
 
 def csv_rows(groups: list[Group]) -> list[dict]:

@@ -476,3 +476,25 @@ def test_task_runs_of_one_scheme_at_two_budgets_keep_both_rows_named_by_the_budg
     assert "| sort (1-6 → 12) | — | 50% [50%, 50%] / 50% [50%, 50%] |" in md
     labels = {r["label"] for r in csv.DictReader(open(out["files"]["csv"]))}
     assert labels == {"rope (train.steps=1000)", "rope (train.steps=10000)"}
+
+
+def test_each_run_is_read_against_the_window_control(tmp_path):
+    """yes / tied / no per length past L: relative PPL below, within or above the window-L control's intervals."""
+    runs = []
+    for scheme, method, rel, half in (("alibi", "none", {128: 0.90, 256: 0.93}, 0.01),
+                                      ("rope", "window", {128: 0.96, 256: 0.96}, 0.01),
+                                      ("rope", "none", {128: 0.97, 256: 2.0}, 0.01)):
+        d = write_run(tmp_path / f"{scheme}-{method}", scheme, {method: lambda L, r=rel: 10.0 * r.get(L, 1.0)},
+                      lengths=[64, 128, 256])
+        results = json.load(open(os.path.join(d, "results.json")))
+        for row in results["results"]:
+            r = rel.get(row["length"], 1.0)
+            row.update(ppl_rel=r, ppl_rel_lo=r - half, ppl_rel_hi=r + half)
+        json.dump(results, open(os.path.join(d, "results.json"), "w"))
+        runs.append(d)
+    md = open(compare(runs, str(tmp_path / "out"))["files"]["markdown"]).read()
+    section = md.split("### Against the window-L control (rope + window)")[1]
+    assert "| alibi | **yes** (0.90 vs 0.96) | **yes** (0.93 vs 0.96) |" in section
+    assert "| rope | tied (0.97 vs 0.96) | no (2.00 vs 0.96) |" in section
+    alone = compare(runs[:1] + runs[2:], str(tmp_path / "out2"))
+    assert "window-L control" not in open(alone["files"]["markdown"]).read()  # no control, no section
