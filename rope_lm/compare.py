@@ -41,7 +41,7 @@ log = logging.getLogger("rope_lm")
 SKIP_DIRS = {"checkpoints", "wandb", "csv", "lightning_logs", ".hydra", "__pycache__"}
 CSV_COLUMNS = ["group", "label", "scheme", "method", "seed", "train_len", "length", "ratio", "ppl", "ppl_lo", "ppl_hi",
                "ppl_rel", "ppl_rel_lo", "ppl_rel_hi", "ppl_within", "ppl_beyond", "loss", "tokens", "documents",
-               "protocol", "within_noise_of_best", "corpus", "split", "tokenizer", "run_dir"]
+               "protocol", "within_noise_of_best", "corpus", "split", "tokenizer", "run_dir", "train_pos"]
 SEED_COLUMNS = ["group", "label", "scheme", "method", "train_len", "length", "n_seeds", "seeds", "ppl_mean", "ppl_sd",
                 "ppl_min", "ppl_max", "noise_lo", "noise_hi", "per_seed", "within_noise_of_best", "run_dirs"]
 
@@ -567,7 +567,7 @@ def csv_rows(groups: list[Group]) -> list[dict]:
                     "loss": r.get("loss"), "tokens": r.get("tokens"), "documents": r.get("documents"),
                     "protocol": r.get("protocol", "stream"), "within_noise_of_best": _noise_flag(g, s, L),
                     "corpus": g.key.fingerprint, "split": g.key.split, "tokenizer": g.key.tokenizer,
-                    "run_dir": _from_here(s.run_dir),
+                    "run_dir": _from_here(s.run_dir), "train_pos": s.train_pos,
                 })
     return rows
 

@@ -145,10 +145,13 @@ def retrieval_rows(paths: list[str]) -> list[dict]:
 
 def _series(rows: list[dict], name: str, train_len: str = "min") -> dict[float, dict]:
     """multiplier -> {ppl, ppl_rel} of one series ('scheme' or 'scheme+method',
-    e.g. rope+yarn), averaged over seeds; the group trained at the shortest
-    (min) or longest (max: a fine-tune) length."""
+    e.g. rope+yarn, with '@<training positions>' for runs trained on other
+    position ids, e.g. rope@pose-x16), averaged over seeds; the group trained
+    at the shortest (min) or longest (max: a fine-tune) length."""
+    name, _, positions = name.partition("@")
     scheme, _, method = name.partition("+")
-    mine = [r for r in rows if r["scheme"] == scheme and r["method"] == (method or "none")]
+    mine = [r for r in rows if r["scheme"] == scheme and r["method"] == (method or "none")
+            and (r.get("train_pos") or "none") == (positions or "none")]
     if not mine:
         return {}
     pick = (min if train_len == "min" else max)(r["train_len"] for r in mine)
@@ -341,6 +344,24 @@ def worse_everywhere(claim: dict, rows: list[dict]) -> Verdict:
     return Verdict(shown, MATCHED)
 
 
+def close_to(claim: dict, rows: list[dict]) -> Verdict:
+    """The series' PPL at the multiplier is within the intervals of the best
+    of the references' (the lowest PPL there), or at most max_ratio times it."""
+    k = float(claim["multiplier"])
+    s = _series(rows, claim["series"], claim.get("train_len", "min")).get(k) or {}
+    refs = {n: _series(rows, n, claim.get("train_len", "min")).get(k) or {} for n in claim["references"]}
+    missing = [n for n, p in [(claim["series"], s), *refs.items()] if p.get("ppl") is None]
+    if missing:
+        return Verdict(f"no {', '.join(missing)} result at {k:g} x L", NOT_COMPARABLE)
+    best = min(refs, key=lambda n: refs[n]["ppl"])
+    ratio = s["ppl"] / refs[best]["ppl"]
+    shown = f"{_shown(claim['series'], s, 'ppl')} vs {_shown(best, refs[best], 'ppl')} (ratio {ratio:.2f}) at {k:g} x L"
+    overlap = "ppl_band" in s and "ppl_band" in refs[best] and _separated(s, refs[best], "ppl") is None
+    if overlap:
+        return Verdict(shown + "; within the intervals", MATCHED)
+    return Verdict(shown, MATCHED if ratio <= claim["max_ratio"] else NOT_MATCHED)
+
+
 def _accuracy_series(rows: list[dict], name: str, task: str) -> dict[int, dict]:
     scheme, _, method = name.partition("+")
     return {r["length"]: r for r in rows
@@ -374,11 +395,12 @@ def retrieval_kept(claim: dict, rows: list[dict]) -> Verdict:
 
 RULES = {"ratio_between": ratio_between, "ratio_at_most": ratio_at_most, "ppl_order": ppl_order,
          "flat_beyond_window": flat_beyond_window, "task_mrr": task_mrr, "worse_everywhere": worse_everywhere,
-         "retrieval_kept": retrieval_kept}
+         "retrieval_kept": retrieval_kept, "close_to": close_to}
 PARAMETERS = {"ratio_between": ("series", "multiplier"), "ratio_at_most": ("series", "from_multiplier", "max"),
               "ppl_order": ("multiplier", "order"), "flat_beyond_window": ("series", "from_multiplier", "max", "control"),
               "task_mrr": ("above", "below"), "worse_everywhere": ("series", "reference"),
-              "retrieval_kept": ("series", "task", "min", "control")}
+              "retrieval_kept": ("series", "task", "min", "control"),
+              "close_to": ("series", "references", "multiplier", "max_ratio")}
 # Which rows a rule reads (ppl_rows for every other rule).
 ROWS = {"task_mrr": "task", "retrieval_kept": "retrieval"}
 
@@ -406,6 +428,10 @@ def rule_text(claim: dict) -> str:
     if r == "retrieval_kept":
         return f"{claim['task']} accuracy of {claim['series']} >= {claim['min']:.0%} at every length past L, and above " \
                f"{claim['control']}'s beyond the intervals at one of them{budget}"
+    if r == "close_to":
+        where = ", in the fine-tuned runs" if claim.get("train_len") == "max" else ""
+        return f"PPL of {claim['series']} at {claim['multiplier']} x L{where} within the intervals of the best of " \
+               f"{', '.join(claim['references'])}, or at most {claim['max_ratio']} x it{budget}"
     if r == "task_mrr":
         extra = f" ({', '.join(claim['extra'])} ranked too, not in the claim)" if claim.get("extra") else ""
         return f"mean reciprocal rank over tasks, exact match past the training sizes: each of " \

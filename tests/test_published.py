@@ -274,6 +274,16 @@ def self_extend_loses_the_key():
     return rows
 
 
+def finetunes(pose: float, half: float = 5.0):
+    """PPL at 2,048 (32 x the base's L = 64) of fine-tuned runs: PoSE with PI at 128, and PI / YaRN at 2,048."""
+    rows = []
+    for method, train_pos, v in (("pi-x32", "pose-x16", pose), ("pi", "none", 100.0), ("yarn", "none", 96.0)):
+        rows.append({"scheme": "rope", "method": method, "train_pos": train_pos, "label": f"rope+{method}@{train_pos}",
+                     "seed": None, "train_len": 64, "length": 2048, "ratio": 32.0, "ppl": v, "ppl_lo": v - half,
+                     "ppl_hi": v + half})
+    return rows
+
+
 # claim id -> the rows its rule must reject: committed results of a model too small or too
 # short-trained for the claim, or constructed.
 CONTROLS = {
@@ -290,6 +300,7 @@ CONTROLS = {
     "real_ntk_flat_at_2x": lambda: P.ppl_rows([committed("rope_scaling_pg19_6000")]),
     "real_yarn_flat_at_2x": lambda: P.ppl_rows([committed("rope_scaling_pg19_6000")]),
     "real_self_extend_passkey": self_extend_loses_the_key,
+    "pose_near_full_length": lambda: finetunes(pose=150.0),   # 1.56 x YaRN's, apart beyond the intervals
 }
 
 
@@ -378,3 +389,25 @@ def test_retrieval_rule_from_result_folders_and_from_compare_csv(tmp_path):
     v = P.retrieval_kept(c, P.retrieval_rows([str(tmp_path / "r")]))
     assert v.verdict == P.TIED and "rope retrieves within the intervals at every length" in v.ours
     assert P.retrieval_kept(c, P.retrieval_rows([kept])).verdict == P.NOT_COMPARABLE
+
+
+def test_close_to_reads_training_positions_in_the_series_name(tmp_path):
+    c = claim(rule="close_to", series="rope+pi-x32@pose-x16", references=["rope+pi", "rope+yarn"], multiplier=32,
+              max_ratio=1.1)
+    v = P.close_to(c, finetunes(pose=100.0))  # within YaRN's interval (96 [91, 101])
+    assert v.verdict == P.MATCHED and v.ours == ("rope+pi-x32@pose-x16 100.0 [95.0, 105.0] vs rope+yarn 96.0 "
+                                                 "[91.0, 101.0] (ratio 1.04) at 32 x L; within the intervals")
+    assert P.close_to(c, finetunes(pose=105.0, half=1.0)).verdict == P.MATCHED      # apart, but within 1.1 x
+    v = P.close_to(c, finetunes(pose=150.0))
+    assert v.verdict == P.NOT_MATCHED and "(ratio 1.56)" in v.ours
+    plain = [dict(r, train_pos="none") if r["method"] == "pi-x32" else r for r in finetunes(pose=100.0)]
+    assert P.close_to(c, plain).verdict == P.NOT_COMPARABLE  # no run trained on PoSE ids
+
+
+def test_compare_csv_names_the_training_positions(tmp_path):
+    d = write_run(tmp_path / "pose", "rope", {"none": lambda L: 10.0}, config={"train_pos": {"name": "pose", "factor": 16}})
+    out = str(tmp_path / "cmp")
+    compare([d], out)
+    rows = P.ppl_rows([out])
+    assert {r["train_pos"] for r in rows} == {"pose-x16"} and P._series(rows, "rope@pose-x16")
+    assert P._series(rows, "rope") == {}
