@@ -12,7 +12,8 @@ Perplexity rules read the rows compare.py writes (compare.csv, or the same
 rows computed from run folders); task rules read exact match past the
 training sizes from compare_tasks.csv or task_results.json files and rank
 the schemes per task; retrieval rules read accuracy by length, with its
-interval, from compare_retrieval.csv or retrieval.json files.
+interval, from compare_retrieval.csv or retrieval.json files; search rules
+read the test rows of scripts/search.py's search.json files.
 """
 
 from dataclasses import dataclass
@@ -140,6 +141,23 @@ def retrieval_rows(paths: list[str]) -> list[dict]:
                         "train_len": int(float(r["train_len"])), "length": int(length),
                         **{c: float(v[j]) if j < len(v) else None
                            for c, v in zip(("accuracy", "accuracy_lo", "accuracy_hi"), cols[1:])}})
+    return out
+
+
+def search_rows(paths: list[str]) -> list[dict]:
+    """(method, target, train_len, label, ppl, ppl_lo, ppl_hi) of every test
+    row of the scripts/search.py results (search.json) named or found below."""
+    from rope_lm.compare import files_given_or_below, read_json_or_note
+
+    out = []
+    for p in files_given_or_below(paths, "search.json"):
+        r, note = read_json_or_note(p, "rerun scripts/search.py.")
+        if note:
+            log.warning("%s", note)
+            continue
+        for label, row in (r.get("test") or {}).items():
+            out.append({"method": r["method"], "target": r["target"], "train_len": r["train_len"], "label": label,
+                        **{k: row.get(k) for k in ("ppl", "ppl_lo", "ppl_hi")}})
     return out
 
 
@@ -362,6 +380,33 @@ def close_to(claim: dict, rows: list[dict]) -> Verdict:
     return Verdict(shown, MATCHED if ratio <= claim["max_ratio"] else NOT_MATCHED)
 
 
+def search_beats(claim: dict, rows: list[dict]) -> Verdict:
+    """In every search of `method`, the test PPL of the row `better` (e.g.
+    "longrope searched") is below that of `worse` (e.g. "yarn defaults")
+    beyond both intervals, at every target searched."""
+    mine = [r for r in rows if r["method"] == claim["method"]]
+    targets = sorted({r["target"] for r in mine})
+    if not targets:
+        return Verdict(f"no {claim['method']} search", NOT_COMPARABLE)
+    parts, verdicts = [], []
+    for t in targets:
+        at = {r["label"]: r for r in mine if r["target"] == t}
+        b, w = at.get(claim["better"]), at.get(claim["worse"])
+        if not b or not w or b.get("ppl") is None or w.get("ppl") is None:
+            return Verdict(f"the {claim['method']} search at {t} lacks {claim['better']} or {claim['worse']}",
+                           NOT_COMPARABLE)
+        pts = {n: {"ppl": r["ppl"], **({"ppl_band": (r["ppl_lo"], r["ppl_hi"])} if r.get("ppl_lo") is not None else {})}
+               for n, r in ((claim["better"], b), (claim["worse"], w))}
+        parts.append(f"{t} ({t / b['train_len']:g} x L): " + " vs ".join(_shown(n, p, "ppl") for n, p in pts.items()))
+        if not all("ppl_band" in p for p in pts.values()):
+            verdicts.append(NOT_COMPARABLE)
+            continue
+        sep = _separated(pts[claim["better"]], pts[claim["worse"]], "ppl")
+        verdicts.append(TIED if sep is None else MATCHED if sep else NOT_MATCHED)
+    verdict = next(v for v in (NOT_MATCHED, NOT_COMPARABLE, TIED, MATCHED) if v in verdicts)
+    return Verdict("; ".join(parts), verdict)
+
+
 def _accuracy_series(rows: list[dict], name: str, task: str) -> dict[int, dict]:
     scheme, _, method = name.partition("+")
     return {r["length"]: r for r in rows
@@ -395,14 +440,15 @@ def retrieval_kept(claim: dict, rows: list[dict]) -> Verdict:
 
 RULES = {"ratio_between": ratio_between, "ratio_at_most": ratio_at_most, "ppl_order": ppl_order,
          "flat_beyond_window": flat_beyond_window, "task_mrr": task_mrr, "worse_everywhere": worse_everywhere,
-         "retrieval_kept": retrieval_kept, "close_to": close_to}
+         "retrieval_kept": retrieval_kept, "close_to": close_to, "search_beats": search_beats}
 PARAMETERS = {"ratio_between": ("series", "multiplier"), "ratio_at_most": ("series", "from_multiplier", "max"),
               "ppl_order": ("multiplier", "order"), "flat_beyond_window": ("series", "from_multiplier", "max", "control"),
               "task_mrr": ("above", "below"), "worse_everywhere": ("series", "reference"),
               "retrieval_kept": ("series", "task", "min", "control"),
-              "close_to": ("series", "references", "multiplier", "max_ratio")}
+              "close_to": ("series", "references", "multiplier", "max_ratio"),
+              "search_beats": ("method", "better", "worse")}
 # Which rows a rule reads (ppl_rows for every other rule).
-ROWS = {"task_mrr": "task", "retrieval_kept": "retrieval"}
+ROWS = {"task_mrr": "task", "retrieval_kept": "retrieval", "search_beats": "search"}
 
 
 def rule_text(claim: dict) -> str:
@@ -432,6 +478,9 @@ def rule_text(claim: dict) -> str:
         where = ", in the fine-tuned runs" if claim.get("train_len") == "max" else ""
         return f"PPL of {claim['series']} at {claim['multiplier']} x L{where} within the intervals of the best of " \
                f"{', '.join(claim['references'])}, or at most {claim['max_ratio']} x it{budget}"
+    if r == "search_beats":
+        return f"test PPL of {claim['better']} below {claim['worse']}'s at every target of the {claim['method']} " \
+               f"search, beyond the intervals{budget}"
     if r == "task_mrr":
         extra = f" ({', '.join(claim['extra'])} ranked too, not in the claim)" if claim.get("extra") else ""
         return f"mean reciprocal rank over tasks, exact match past the training sizes: each of " \
@@ -464,7 +513,8 @@ def check_claims(claims: list[dict], studies: dict[str, list[str]]) -> list[dict
             else:
                 key = (path, ROWS.get(c["rule"], "ppl"))
                 if key not in cache:
-                    cache[key] = {"task": task_rows, "retrieval": retrieval_rows, "ppl": ppl_rows}[key[1]](group)
+                    cache[key] = {"task": task_rows, "retrieval": retrieval_rows, "search": search_rows,
+                                  "ppl": ppl_rows}[key[1]](group)
                 try:
                     result = RULES[c["rule"]](c, cache[key])
                 except Ambiguous as e:

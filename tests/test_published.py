@@ -284,6 +284,20 @@ def finetunes(pose: float, half: float = 5.0):
     return rows
 
 
+def search_json(directory, target, rows: dict, method="longrope", train_len=64):
+    """A scripts/search.py search.json: {label: (ppl, lo, hi)} of its test rows."""
+    os.makedirs(directory, exist_ok=True)
+    with open(os.path.join(directory, "search.json"), "w") as f:
+        json.dump({"method": method, "target": target, "train_len": train_len,
+                   "test": {k: {"ppl": v, "ppl_lo": lo, "ppl_hi": hi, "tokens": 4096} for k, (v, lo, hi) in rows.items()}}, f)
+    return str(directory)
+
+
+def longrope_ties_yarn():
+    return [{"method": "longrope", "target": t, "train_len": 64, "label": label, "ppl": v, "ppl_lo": v - 10, "ppl_hi": v + 10}
+            for t in (512, 1024) for label, v in (("longrope searched", 300.0), ("yarn defaults", 305.0))]
+
+
 # claim id -> the rows its rule must reject: committed results of a model too small or too
 # short-trained for the claim, or constructed.
 CONTROLS = {
@@ -301,6 +315,7 @@ CONTROLS = {
     "real_yarn_flat_at_2x": lambda: P.ppl_rows([committed("rope_scaling_pg19_6000")]),
     "real_self_extend_passkey": self_extend_loses_the_key,
     "pose_near_full_length": lambda: finetunes(pose=150.0),   # 1.56 x YaRN's, apart beyond the intervals
+    "longrope_search_beats_yarn": longrope_ties_yarn,
 }
 
 
@@ -411,3 +426,22 @@ def test_compare_csv_names_the_training_positions(tmp_path):
     rows = P.ppl_rows([out])
     assert {r["train_pos"] for r in rows} == {"pose-x16"} and P._series(rows, "rope@pose-x16")
     assert P._series(rows, "rope") == {}
+
+
+def test_search_rule_reads_search_json_at_every_target(tmp_path):
+    c = claim(rule="search_beats", method="longrope", better="longrope searched", worse="yarn defaults")
+    search_json(tmp_path / "s" / "x8", 512, {"none": (900.0, 850.0, 950.0), "yarn defaults": (400.0, 390.0, 410.0),
+                                            "longrope searched": (350.0, 340.0, 360.0)})
+    x16 = tmp_path / "s" / "x16"
+    search_json(x16, 1024, {"yarn defaults": (500.0, 490.0, 510.0), "longrope searched": (450.0, 440.0, 460.0)})
+    search_json(tmp_path / "s" / "yarn", 512, {"yarn searched": (10.0, 9.0, 11.0)}, method="yarn")
+    v = P.search_beats(c, P.search_rows([str(tmp_path / "s")]))
+    assert v.verdict == P.MATCHED
+    assert v.ours == ("512 (8 x L): longrope searched 350.0 [340.0, 360.0] vs yarn defaults 400.0 [390.0, 410.0]; "
+                      "1024 (16 x L): longrope searched 450.0 [440.0, 460.0] vs yarn defaults 500.0 [490.0, 510.0]")
+    search_json(x16, 1024, {"yarn defaults": (500.0, 490.0, 510.0), "longrope searched": (505.0, 495.0, 515.0)})
+    assert P.search_beats(c, P.search_rows([str(tmp_path / "s")])).verdict == P.TIED
+    search_json(x16, 1024, {"yarn defaults": (500.0, 490.0, 510.0), "longrope searched": (600.0, 590.0, 610.0)})
+    assert P.search_beats(c, P.search_rows([str(tmp_path / "s")])).verdict == P.NOT_MATCHED
+    assert P.search_beats({**c, "method": "self_extend"}, P.search_rows([str(tmp_path / "s")])).verdict == \
+        P.NOT_COMPARABLE
