@@ -137,7 +137,7 @@ def retrieval_rows(paths: list[str]) -> list[dict]:
             continue
         cols = [str(r.get(c) or "").split() for c in ("lengths", "accuracy", "accuracy_lo", "accuracy_hi")]
         for j, length in enumerate(cols[0]):
-            out.append({"task": r["task"], "scheme": r["scheme"], "method": r["method"],
+            out.append({"task": r["task"], "scheme": r["scheme"], "method": r["method"], "label": r.get("label"),
                         "train_len": int(float(r["train_len"])), "length": int(length),
                         **{c: float(v[j]) if j < len(v) else None
                            for c, v in zip(("accuracy", "accuracy_lo", "accuracy_hi"), cols[1:])}})
@@ -164,12 +164,16 @@ def search_rows(paths: list[str]) -> list[dict]:
 def _series(rows: list[dict], name: str, train_len: str = "min") -> dict[float, dict]:
     """multiplier -> {ppl, ppl_rel} of one series ('scheme' or 'scheme+method',
     e.g. rope+yarn, with '@<training positions>' for runs trained on other
-    position ids, e.g. rope@pose-x16), averaged over seeds; the group trained
-    at the shortest (min) or longest (max: a fine-tune) length."""
-    name, _, positions = name.partition("@")
-    scheme, _, method = name.partition("+")
-    mine = [r for r in rows if r["scheme"] == scheme and r["method"] == (method or "none")
-            and (r.get("train_pos") or "none") == (positions or "none")]
+    position ids, e.g. rope@pose-x16, or a row label with the setting that
+    tells it apart, e.g. 'rope (pos.base=500.0)'), averaged over seeds; the
+    group trained at the shortest (min) or longest (max: a fine-tune) length."""
+    if "(" in name:  # a comparison's row label, e.g. "rope (pos.base=500.0)": runs told apart by a setting
+        mine = [r for r in rows if r.get("label") == name]
+    else:
+        name, _, positions = name.partition("@")
+        scheme, _, method = name.partition("+")
+        mine = [r for r in rows if r["scheme"] == scheme and r["method"] == (method or "none")
+                and (r.get("train_pos") or "none") == (positions or "none")]
     if not mine:
         return {}
     pick = (min if train_len == "min" else max)(r["train_len"] for r in mine)
@@ -408,9 +412,56 @@ def search_beats(claim: dict, rows: list[dict]) -> Verdict:
 
 
 def _accuracy_series(rows: list[dict], name: str, task: str) -> dict[int, dict]:
+    if "(" in name:  # a row label, as _series reads it
+        return {r["length"]: r for r in rows if r["task"] == task and r.get("label") == name}
     scheme, _, method = name.partition("+")
     return {r["length"]: r for r in rows
             if r["task"] == task and r["scheme"] == scheme and r["method"] == (method or "none")}
+
+
+def each_below(claim: dict, rows: list[dict]) -> Verdict:
+    """Every series in `better` has a lower `metric` (ppl or ppl_rel) at the
+    multiplier than `worse`, beyond the intervals."""
+    k, metric = float(claim["multiplier"]), claim.get("metric", "ppl")
+    points = {n: _series(rows, n).get(k) or {} for n in [*claim["better"], claim["worse"]]}
+    missing = [n for n, p in points.items() if p.get(metric) is None]
+    if missing:
+        return Verdict(f"no {', '.join(missing)} result at {k:g} x L", NOT_COMPARABLE)
+    worse = points[claim["worse"]]
+    shown = ", ".join(_shown(n, points[n], metric) for n in claim["better"]) + \
+        f" vs {_shown(claim['worse'], worse, metric)} ({metric} at {k:g} x L)"
+    if not all(f"{metric}_band" in p for p in points.values()):
+        return Verdict(f"{shown}; no intervals or seeds to tell them from noise", NOT_COMPARABLE)
+    sep = {n: _separated(points[n], worse, metric) for n in claim["better"]}
+    if any(v is False for v in sep.values()):
+        return Verdict(shown + "; above it beyond the intervals: " + ", ".join(n for n, v in sep.items() if v is False),
+                       NOT_MATCHED)
+    if any(v is None for v in sep.values()):
+        return Verdict(shown + "; within the intervals: " + ", ".join(n for n, v in sep.items() if v is None), TIED)
+    return Verdict(shown, MATCHED)
+
+
+def ppl_kept_retrieval_lost(claim: dict, rows: dict) -> Verdict:
+    """The series keeps its PPL at k x L within `max_ppl_rel` of its PPL at L
+    while the task's accuracy, at least `min_at_l` at L, is at most
+    `max_accuracy` at k x L: low perplexity that is no evidence of reading the
+    context."""
+    k = float(claim["multiplier"])
+    p = _series(rows["ppl"], claim["series"]).get(k) or {}
+    acc = _accuracy_series(rows["retrieval"], claim["series"], claim["task"])
+    if p.get("ppl_rel") is None or not acc:
+        return Verdict(f"no {claim['series']} {'PPL' if p.get('ppl_rel') is None else claim['task']} result at "
+                       f"{k:g} x L", NOT_COMPARABLE)
+    L0 = next(iter(acc.values()))["train_len"]
+    at_l, far = acc.get(L0), acc.get(int(round(k * L0)))
+    if at_l is None or far is None:
+        return Verdict(f"no {claim['task']} accuracy of {claim['series']} at L and at {k:g} x L", NOT_COMPARABLE)
+    shown = (f"PPL {p['ppl_rel']:.2f} x its PPL at L at {k:g} x L; {claim['task']} {at_l['accuracy']:.0%} at L, "
+             f"{far['accuracy']:.0%} at {k:g} x L")
+    if at_l["accuracy"] < claim["min_at_l"]:
+        return Verdict(f"{shown}; it does not retrieve at L ({claim['min_at_l']:.0%} needed)", NOT_COMPARABLE)
+    ok = p["ppl_rel"] <= claim["max_ppl_rel"] and far["accuracy"] <= claim["max_accuracy"]
+    return Verdict(shown, MATCHED if ok else NOT_MATCHED)
 
 
 def retrieval_kept(claim: dict, rows: list[dict]) -> Verdict:
@@ -440,15 +491,18 @@ def retrieval_kept(claim: dict, rows: list[dict]) -> Verdict:
 
 RULES = {"ratio_between": ratio_between, "ratio_at_most": ratio_at_most, "ppl_order": ppl_order,
          "flat_beyond_window": flat_beyond_window, "task_mrr": task_mrr, "worse_everywhere": worse_everywhere,
-         "retrieval_kept": retrieval_kept, "close_to": close_to, "search_beats": search_beats}
+         "retrieval_kept": retrieval_kept, "close_to": close_to, "search_beats": search_beats,
+         "each_below": each_below, "ppl_kept_retrieval_lost": ppl_kept_retrieval_lost}
 PARAMETERS = {"ratio_between": ("series", "multiplier"), "ratio_at_most": ("series", "from_multiplier", "max"),
               "ppl_order": ("multiplier", "order"), "flat_beyond_window": ("series", "from_multiplier", "max", "control"),
               "task_mrr": ("above", "below"), "worse_everywhere": ("series", "reference"),
               "retrieval_kept": ("series", "task", "min", "control"),
               "close_to": ("series", "references", "multiplier", "max_ratio"),
-              "search_beats": ("method", "better", "worse")}
-# Which rows a rule reads (ppl_rows for every other rule).
-ROWS = {"task_mrr": "task", "retrieval_kept": "retrieval", "search_beats": "search"}
+              "search_beats": ("method", "better", "worse"), "each_below": ("better", "worse", "multiplier"),
+              "ppl_kept_retrieval_lost": ("series", "task", "multiplier", "max_ppl_rel", "min_at_l", "max_accuracy")}
+# Which rows a rule reads (ppl_rows for every other rule); "ppl+retrieval": {"ppl": ..., "retrieval": ...}.
+ROWS = {"task_mrr": "task", "retrieval_kept": "retrieval", "search_beats": "search",
+        "ppl_kept_retrieval_lost": "ppl+retrieval"}
 
 
 def rule_text(claim: dict) -> str:
@@ -481,6 +535,13 @@ def rule_text(claim: dict) -> str:
     if r == "search_beats":
         return f"test PPL of {claim['better']} below {claim['worse']}'s at every target of the {claim['method']} " \
                f"search, beyond the intervals{budget}"
+    if r == "each_below":
+        return f"{claim.get('metric', 'ppl')} at {claim['multiplier']} x L: each of {', '.join(claim['better'])} below " \
+               f"{claim['worse']}, beyond the intervals{budget}"
+    if r == "ppl_kept_retrieval_lost":
+        return f"{claim['series']}: PPL({claim['multiplier']} x L) / PPL(L) <= {claim['max_ppl_rel']} while its " \
+               f"{claim['task']} accuracy, >= {claim['min_at_l']:.0%} at L, is <= {claim['max_accuracy']:.0%} at " \
+               f"{claim['multiplier']} x L{budget}"
     if r == "task_mrr":
         extra = f" ({', '.join(claim['extra'])} ranked too, not in the claim)" if claim.get("extra") else ""
         return f"mean reciprocal rank over tasks, exact match past the training sizes: each of " \
@@ -513,8 +574,9 @@ def check_claims(claims: list[dict], studies: dict[str, list[str]]) -> list[dict
             else:
                 key = (path, ROWS.get(c["rule"], "ppl"))
                 if key not in cache:
-                    cache[key] = {"task": task_rows, "retrieval": retrieval_rows, "search": search_rows,
-                                  "ppl": ppl_rows}[key[1]](group)
+                    readers = {"task": task_rows, "retrieval": retrieval_rows, "search": search_rows, "ppl": ppl_rows,
+                               "ppl+retrieval": lambda g: {"ppl": ppl_rows(g), "retrieval": retrieval_rows(g)}}
+                    cache[key] = readers[key[1]](group)
                 try:
                     result = RULES[c["rule"]](c, cache[key])
                 except Ambiguous as e:

@@ -298,6 +298,25 @@ def longrope_ties_yarn():
             for t in (512, 1024) for label, v in (("longrope searched", 300.0), ("yarn defaults", 305.0))]
 
 
+def bases(ppl16: dict, half=5.0):
+    """PPL rows of the rope_base study: {base: PPL at 16 x L} (PPL 100 at L), labelled as compare.py labels them."""
+    rows = []
+    for base, v in ppl16.items():
+        label = f"rope (pos.base={base})"
+        for length, p in ((64, 100.0), (1024, v)):
+            rows.append({"scheme": "rope", "method": "none", "label": label, "seed": None, "train_len": 64,
+                         "length": length, "ratio": length / 64, "ppl": p, "ppl_lo": p - half, "ppl_hi": p + half,
+                         "ppl_rel": p / 100.0, "ppl_rel_lo": (p - half) / 100.0, "ppl_rel_hi": (p + half) / 100.0})
+    return rows
+
+
+def small_base(ppl16: float, passkey_far: float, passkey_at_l: float = 1.0):
+    label = "rope (pos.base=10.0)"
+    retrieval = [{"task": "passkey", "scheme": "rope", "method": "none", "label": label, "train_len": 64, "length": L,
+                  "accuracy": a, "accuracy_lo": a, "accuracy_hi": a} for L, a in ((64, passkey_at_l), (1024, passkey_far))]
+    return {"ppl": bases({"10.0": ppl16}), "retrieval": retrieval}
+
+
 # claim id -> the rows its rule must reject: committed results of a model too small or too
 # short-trained for the claim, or constructed.
 CONTROLS = {
@@ -316,6 +335,8 @@ CONTROLS = {
     "real_self_extend_passkey": self_extend_loses_the_key,
     "pose_near_full_length": lambda: finetunes(pose=150.0),   # 1.56 x YaRN's, apart beyond the intervals
     "longrope_search_beats_yarn": longrope_ties_yarn,
+    "small_base_ppl_without_retrieval": lambda: small_base(ppl16=110.0, passkey_far=0.9),  # still retrieves
+    "far_bases_beat_10000": lambda: bases({"500.0": 300.0, "1000000.0": 150.0, "10000.0": 200.0}),  # 500 worse
 }
 
 
@@ -445,3 +466,23 @@ def test_search_rule_reads_search_json_at_every_target(tmp_path):
     assert P.search_beats(c, P.search_rows([str(tmp_path / "s")])).verdict == P.NOT_MATCHED
     assert P.search_beats({**c, "method": "self_extend"}, P.search_rows([str(tmp_path / "s")])).verdict == \
         P.NOT_COMPARABLE
+
+
+def test_each_below_reads_row_labels():
+    c = claim(rule="each_below", multiplier=16, better=["rope (pos.base=500.0)", "rope (pos.base=1000000.0)"],
+              worse="rope (pos.base=10000.0)")
+    v = P.each_below(c, bases({"500.0": 120.0, "1000000.0": 150.0, "10000.0": 200.0}))
+    assert v.verdict == P.MATCHED and v.ours == ("rope (pos.base=500.0) 120.0 [115.0, 125.0], rope (pos.base=1000000.0) "
+                                                 "150.0 [145.0, 155.0] vs rope (pos.base=10000.0) 200.0 [195.0, 205.0] "
+                                                 "(ppl at 16 x L)")
+    assert P.each_below(c, bases({"500.0": 120.0, "1000000.0": 196.0, "10000.0": 200.0})).verdict == P.TIED
+    assert P.each_below(c, bases({"500.0": 120.0, "10000.0": 200.0})).verdict == P.NOT_COMPARABLE
+
+
+def test_ppl_kept_retrieval_lost():
+    c = claim(rule="ppl_kept_retrieval_lost", series="rope (pos.base=10.0)", task="passkey", multiplier=16,
+              max_ppl_rel=1.5, min_at_l=0.5, max_accuracy=0.2)
+    v = P.ppl_kept_retrieval_lost(c, small_base(ppl16=110.0, passkey_far=0.1))
+    assert (v.ours, v.verdict) == ("PPL 1.10 x its PPL at L at 16 x L; passkey 100% at L, 10% at 16 x L", P.MATCHED)
+    assert P.ppl_kept_retrieval_lost(c, small_base(ppl16=300.0, passkey_far=0.1)).verdict == P.NOT_MATCHED
+    assert P.ppl_kept_retrieval_lost(c, small_base(110.0, 0.0, passkey_at_l=0.1)).verdict == P.NOT_COMPARABLE
