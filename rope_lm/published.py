@@ -161,19 +161,22 @@ def search_rows(paths: list[str]) -> list[dict]:
     return out
 
 
+def _series_rows(rows: list[dict], name: str) -> list[dict]:
+    if "(" in name:  # a comparison's row label, e.g. "rope (pos.base=500.0)": runs told apart by a setting
+        return [r for r in rows if r.get("label") == name]
+    name, _, positions = name.partition("@")
+    scheme, _, method = name.partition("+")
+    return [r for r in rows if r["scheme"] == scheme and r["method"] == (method or "none")
+            and (r.get("train_pos") or "none") == (positions or "none")]
+
+
 def _series(rows: list[dict], name: str, train_len: str = "min") -> dict[float, dict]:
     """multiplier -> {ppl, ppl_rel} of one series ('scheme' or 'scheme+method',
     e.g. rope+yarn, with '@<training positions>' for runs trained on other
     position ids, e.g. rope@pose-x16, or a row label with the setting that
     tells it apart, e.g. 'rope (pos.base=500.0)'), averaged over seeds; the
     group trained at the shortest (min) or longest (max: a fine-tune) length."""
-    if "(" in name:  # a comparison's row label, e.g. "rope (pos.base=500.0)": runs told apart by a setting
-        mine = [r for r in rows if r.get("label") == name]
-    else:
-        name, _, positions = name.partition("@")
-        scheme, _, method = name.partition("+")
-        mine = [r for r in rows if r["scheme"] == scheme and r["method"] == (method or "none")
-                and (r.get("train_pos") or "none") == (positions or "none")]
+    mine = _series_rows(rows, name)
     if not mine:
         return {}
     pick = (min if train_len == "min" else max)(r["train_len"] for r in mine)
@@ -366,18 +369,27 @@ def worse_everywhere(claim: dict, rows: list[dict]) -> Verdict:
     return Verdict(shown, MATCHED)
 
 
+def _at_length(rows: list[dict], name: str, length: int) -> dict:
+    """A series' point at an absolute length (runs fine-tuned at different
+    lengths record different training lengths, so multipliers do not line up)."""
+    lens = [r["train_len"] for r in _series_rows(rows, name) if r.get("length") == length]
+    if not lens:
+        return {}
+    return _series(rows, name).get(round(length / min(lens), 6)) or {}
+
+
 def close_to(claim: dict, rows: list[dict]) -> Verdict:
-    """The series' PPL at the multiplier is within the intervals of the best
+    """The series' PPL at `length` tokens is within the intervals of the best
     of the references' (the lowest PPL there), or at most max_ratio times it."""
-    k = float(claim["multiplier"])
-    s = _series(rows, claim["series"], claim.get("train_len", "min")).get(k) or {}
-    refs = {n: _series(rows, n, claim.get("train_len", "min")).get(k) or {} for n in claim["references"]}
+    length = int(claim["length"])
+    s = _at_length(rows, claim["series"], length)
+    refs = {n: _at_length(rows, n, length) for n in claim["references"]}
     missing = [n for n, p in [(claim["series"], s), *refs.items()] if p.get("ppl") is None]
     if missing:
-        return Verdict(f"no {', '.join(missing)} result at {k:g} x L", NOT_COMPARABLE)
+        return Verdict(f"no {', '.join(missing)} result at {length} tokens", NOT_COMPARABLE)
     best = min(refs, key=lambda n: refs[n]["ppl"])
     ratio = s["ppl"] / refs[best]["ppl"]
-    shown = f"{_shown(claim['series'], s, 'ppl')} vs {_shown(best, refs[best], 'ppl')} (ratio {ratio:.2f}) at {k:g} x L"
+    shown = f"{_shown(claim['series'], s, 'ppl')} vs {_shown(best, refs[best], 'ppl')} (ratio {ratio:.2f}) at {length} tokens"
     overlap = "ppl_band" in s and "ppl_band" in refs[best] and _separated(s, refs[best], "ppl") is None
     if overlap:
         return Verdict(shown + "; within the intervals", MATCHED)
@@ -497,7 +509,7 @@ PARAMETERS = {"ratio_between": ("series", "multiplier"), "ratio_at_most": ("seri
               "ppl_order": ("multiplier", "order"), "flat_beyond_window": ("series", "from_multiplier", "max", "control"),
               "task_mrr": ("above", "below"), "worse_everywhere": ("series", "reference"),
               "retrieval_kept": ("series", "task", "min", "control"),
-              "close_to": ("series", "references", "multiplier", "max_ratio"),
+              "close_to": ("series", "references", "length", "max_ratio"),
               "search_beats": ("method", "better", "worse"), "each_below": ("better", "worse", "multiplier"),
               "ppl_kept_retrieval_lost": ("series", "task", "multiplier", "max_ppl_rel", "min_at_l", "max_accuracy")}
 # Which rows a rule reads (ppl_rows for every other rule); "ppl+retrieval": {"ppl": ..., "retrieval": ...}.
@@ -529,8 +541,7 @@ def rule_text(claim: dict) -> str:
         return f"{claim['task']} accuracy of {claim['series']} >= {claim['min']:.0%} at every length past L, and above " \
                f"{claim['control']}'s beyond the intervals at one of them{budget}"
     if r == "close_to":
-        where = ", in the fine-tuned runs" if claim.get("train_len") == "max" else ""
-        return f"PPL of {claim['series']} at {claim['multiplier']} x L{where} within the intervals of the best of " \
+        return f"PPL of {claim['series']} at {claim['length']} tokens within the intervals of the best of " \
                f"{', '.join(claim['references'])}, or at most {claim['max_ratio']} x it{budget}"
     if r == "search_beats":
         return f"test PPL of {claim['better']} below {claim['worse']}'s at every target of the {claim['method']} " \

@@ -276,11 +276,13 @@ def self_extend_loses_the_key():
 
 
 def finetunes(pose: float, half: float = 5.0):
-    """PPL at 2,048 (32 x the base's L = 64) of fine-tuned runs: PoSE with PI at 128, and PI / YaRN at 2,048."""
+    """PPL at 2,048 tokens of fine-tuned runs, each recording its own fine-tuning length: PoSE with PI at 128
+    (2,048 is 16 x its L), and PI / YaRN at 2,048 (1 x theirs)."""
     rows = []
-    for method, train_pos, v in (("pi-x32", "pose-x16", pose), ("pi", "none", 100.0), ("yarn", "none", 96.0)):
+    for method, train_pos, v, L in (("pi-x32", "pose-x16", pose, 128), ("pi", "none", 100.0, 2048),
+                                    ("yarn", "none", 96.0, 2048)):
         rows.append({"scheme": "rope", "method": method, "train_pos": train_pos, "label": f"rope+{method}@{train_pos}",
-                     "seed": None, "train_len": 64, "length": 2048, "ratio": 32.0, "ppl": v, "ppl_lo": v - half,
+                     "seed": None, "train_len": L, "length": 2048, "ratio": 2048 / L, "ppl": v, "ppl_lo": v - half,
                      "ppl_hi": v + half})
     return rows
 
@@ -429,11 +431,11 @@ def test_retrieval_rule_from_result_folders_and_from_compare_csv(tmp_path):
 
 
 def test_close_to_reads_training_positions_in_the_series_name(tmp_path):
-    c = claim(rule="close_to", series="rope+pi-x32@pose-x16", references=["rope+pi", "rope+yarn"], multiplier=32,
+    c = claim(rule="close_to", series="rope+pi-x32@pose-x16", references=["rope+pi", "rope+yarn"], length=2048,
               max_ratio=1.1)
     v = P.close_to(c, finetunes(pose=100.0))  # within YaRN's interval (96 [91, 101])
     assert v.verdict == P.MATCHED and v.ours == ("rope+pi-x32@pose-x16 100.0 [95.0, 105.0] vs rope+yarn 96.0 "
-                                                 "[91.0, 101.0] (ratio 1.04) at 32 x L; within the intervals")
+                                                 "[91.0, 101.0] (ratio 1.04) at 2048 tokens; within the intervals")
     assert P.close_to(c, finetunes(pose=105.0, half=1.0)).verdict == P.MATCHED      # apart, but within 1.1 x
     v = P.close_to(c, finetunes(pose=150.0))
     assert v.verdict == P.NOT_MATCHED and "(ratio 1.56)" in v.ours
