@@ -525,14 +525,9 @@ def _window_section(g: Group, lengths: list[int]) -> list[str]:
         return []
     control, past = controls[0], [L for L in lengths if L > L0]
 
-    def band(s, L):
-        row = s.rows.get(L) or {}
-        lo, hi = row.get("ppl_rel_lo"), row.get("ppl_rel_hi")
-        return None if lo is None or hi is None or not s.reference_self else (lo, hi)
-
     def cell(s, L):
-        a, b = band(s, L), band(control, L)
-        if a is None or b is None:
+        a, b = _rel_ci(s, L), _rel_ci(control, L)
+        if None in a or None in b:
             return "–"
         shown = f"{_fmt(_rel(s, L))} vs {_fmt(_rel(control, L))}"
         if a[1] < b[0]:

@@ -424,11 +424,7 @@ def search_beats(claim: dict, rows: list[dict]) -> Verdict:
 
 
 def _accuracy_series(rows: list[dict], name: str, task: str) -> dict[int, dict]:
-    if "(" in name:  # a row label, as _series reads it
-        return {r["length"]: r for r in rows if r["task"] == task and r.get("label") == name}
-    scheme, _, method = name.partition("+")
-    return {r["length"]: r for r in rows
-            if r["task"] == task and r["scheme"] == scheme and r["method"] == (method or "none")}
+    return {r["length"]: r for r in _series_rows(rows, name) if r["task"] == task}
 
 
 def each_below(claim: dict, rows: list[dict]) -> Verdict:
@@ -515,6 +511,8 @@ PARAMETERS = {"ratio_between": ("series", "multiplier"), "ratio_at_most": ("seri
 # Which rows a rule reads (ppl_rows for every other rule); "ppl+retrieval": {"ppl": ..., "retrieval": ...}.
 ROWS = {"task_mrr": "task", "retrieval_kept": "retrieval", "search_beats": "search",
         "ppl_kept_retrieval_lost": "ppl+retrieval"}
+READERS = {"task": task_rows, "retrieval": retrieval_rows, "search": search_rows, "ppl": ppl_rows,
+           "ppl+retrieval": lambda paths: {"ppl": ppl_rows(paths), "retrieval": retrieval_rows(paths)}}
 
 
 def rule_text(claim: dict) -> str:
@@ -585,9 +583,7 @@ def check_claims(claims: list[dict], studies: dict[str, list[str]]) -> list[dict
             else:
                 key = (path, ROWS.get(c["rule"], "ppl"))
                 if key not in cache:
-                    readers = {"task": task_rows, "retrieval": retrieval_rows, "search": search_rows, "ppl": ppl_rows,
-                               "ppl+retrieval": lambda g: {"ppl": ppl_rows(g), "retrieval": retrieval_rows(g)}}
-                    cache[key] = readers[key[1]](group)
+                    cache[key] = READERS[key[1]](group)
                 try:
                     result = RULES[c["rule"]](c, cache[key])
                 except Ambiguous as e:
