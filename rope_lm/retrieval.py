@@ -42,12 +42,14 @@ from rope_lm import passkey as P
 from rope_lm.effective_length import (  # noqa: F401  (re-exported: R.add_effective, ...)
     THRESHOLD, add_effective, check_threshold, effective_label, effective_length, threshold_note)
 from rope_lm.errors import ConfigError
+from rope_lm.passkey_text import FILLER
 from rope_lm.retrieval_tasks import (  # noqa: F401  (the tasks, re-exported: R.TASKS, R.MultiValue, ...)
     TASKS, WORDS, CommonWords, FactQA, FrequentWords, Instance, MultiKey, MultiQuery, MultiValue, Needle, Passkey,
     RetrievalTask, SingleFact, TwoFacts, VariableTracking, build_tasks)
 from rope_lm.tables import markdown_table
 
 SCORING = ("teacher", "greedy")
+HAYSTACKS = ("corpus", "filler")
 GREEDY_EXTRA = 4  # decoded tokens past the answer's own length: room for a differently tokenized answer
 
 
@@ -121,6 +123,15 @@ class Haystacks:
         ids += fill[cursor:]
         return Prompt(ids=ids + question, answer_ids=answer, values=inst.values, target_start=target_start,
                       target_offset=target_offset, fill=n_fill, question_start=len(ids))
+
+
+def filler_stream(tokenizer, n_tokens: int) -> list[int]:
+    """The passkey papers' haystack (Mohtashami & Jaggi, 2023; Self-Extend's
+    and LongLM's passkey test): their five filler sentences repeated, at
+    least n_tokens long, in the model's own tokens. A model that reads the
+    corpus poorly can still show whether it finds a needle past its window."""
+    once = tokenizer.encode(FILLER).ids
+    return once * (n_tokens // len(once) + 2)
 
 
 # --- scoring ------------------------------------------------------------------------

@@ -38,6 +38,9 @@ def main(cfg):
     tasks = R.build_tasks(list(a["tasks"] or []), a["needles"])  # names checked before the model is loaded
     if a["scoring"] not in R.SCORING:
         raise ConfigError(f"scoring={a['scoring']!r} must be one of {', '.join(R.SCORING)}.")
+    if a["haystack"] not in R.HAYSTACKS:
+        raise ConfigError(f"haystack={a['haystack']!r} must be corpus (the checkpoint's own evaluation text) or "
+                          f"filler (the passkey papers' repeated sentences).")
     if a["batch_size"] < 1 or a["samples"] < 1:
         raise ConfigError(f"batch_size={a['batch_size']} and samples={a['samples']} must be at least 1.")
     effective = a.get("effective") or {}
@@ -53,7 +56,8 @@ def main(cfg):
     lengths = D.lengths_for(train_len, a["lengths"], a["multipliers"])
     D.output_dir(a["out"], trained.path, "retrieval", scaling)
     tokenizer = trained.tokenizer()
-    stream = D.checkpoint_tokens(trained, a["split"], a["data"] or None)
+    stream = (R.filler_stream(tokenizer, max(lengths) + 1) if a["haystack"] == "filler"
+              else D.checkpoint_tokens(trained, a["split"], a["data"] or None))
 
     def report(task, length, depth, accuracy):
         log.info("%s length %d depth %g: accuracy %.0f%%", task, length, depth, 100 * accuracy)
@@ -70,12 +74,14 @@ def main(cfg):
                        f"cell); effective length {R.effective_label(r['effective'])}")
     table = R.summary_table(results, train_len, summary)
     head = (f"# Retrieval battery — {scheme} + {method}, trained at {train_len}\n\n"
-            f"Checkpoint {trained.path}; scoring {a['scoring']}; {a['samples']} samples per length x depth cell, "
+            f"Checkpoint {trained.path}; haystack {a['haystack']}; scoring {a['scoring']}; {a['samples']} samples "
+            f"per length x depth cell, "
             f"depths {a['depths']}; accuracy over all depths, 95% bootstrap interval over samples.\n\n")
     atomic_write(os.path.join(out, "retrieval.md"), head + table + "\n\n" + R.threshold_note(summary) + "\n")
     D.save_json(os.path.join(out, "retrieval.json"), {
         "checkpoint": trained.path, "source": trained.source, "scheme": scheme,
-        "method": method, "train_len": train_len, "scoring": a["scoring"], "needles": a["needles"],
+        "method": method, "train_len": train_len, "haystack": a["haystack"], "scoring": a["scoring"],
+        "needles": a["needles"],
         "seed": a["seed"], "split": a["split"], "effective": summary, "tasks": results})
     print("\n" + table)
     print(f"Retrieval: {out}/ (retrieval.md, retrieval.json, retrieval_<task>.png)")

@@ -12,6 +12,7 @@ import torch
 
 from rope_lm import retrieval as R
 from rope_lm.errors import ConfigError
+from rope_lm.passkey_text import FILLER_SENTENCES
 from tests.scripted import SequenceModel
 from tests.test_diagnostics import assert_one_paragraph, run_script, save_tiny_checkpoint
 
@@ -89,6 +90,20 @@ def test_haystacks_are_corpus_text_not_filler(hay, tokenizer, tiny_cache):
     head = p.ids[:50]
     assert any(stream[i:i + 50] == head for i in range(len(stream) - 50))
     assert "The grass is green" not in tokenizer.decode(p.ids)
+
+
+def test_filler_haystacks_are_the_passkey_papers_sentences(tokenizer):
+    stream = R.filler_stream(tokenizer, 700)
+    assert len(stream) > 700
+    hay = R.Haystacks(tokenizer, stream, seed=5)
+    p = hay.build(R.Passkey(2), "passkey", 600, 0.5, sample=0)
+    text = tokenizer.decode(p.ids[: p.question_start])
+    assert reread("passkey", text, "") == p.values
+    # Everything but the needle is the five sentences, in their cycle.
+    rest = re.sub(r"\s*The pass key is \d+\. Remember it\. \d+ is the pass key\.", "", text)
+    words = set(re.findall(r"[A-Za-z]+", "".join(FILLER_SENTENCES)))
+    assert set(re.findall(r"[A-Za-z]+", rest)) <= words
+    assert "The grass is green." in rest and "There and back again." in rest
 
 
 def test_too_short_and_bad_settings_are_refused(hay):
@@ -221,3 +236,5 @@ def test_retrieval_script(tiny_cache, tiny_data_options, tmp_path):
 def test_retrieval_script_refuses_a_bad_task(tmp_path):
     done = run_script("retrieval.py", "ckpt=nowhere", "tasks=[passkey,needle]", status=2, cwd=tmp_path)
     assert_one_paragraph(done, "valid tasks are passkey, multikey")
+    done = run_script("retrieval.py", "ckpt=nowhere", "haystack=grass", status=2, cwd=tmp_path)
+    assert_one_paragraph(done, "must be corpus")
