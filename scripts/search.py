@@ -201,10 +201,14 @@ def _table(s: dict) -> str:
         return f"{r['ppl']:.2f}{ci}"
 
     rows = [[label, cell(r)] for label, r in s["test"].items()]
+    tokens = max(r.get("tokens") or 0 for r in s["test"].values())
+    ci = ("95% bootstrap interval over windows" if any(r.get("ppl_lo") is not None for r in s["test"].values())
+          else f"no interval: {tokens} test tokens make {tokens // s['target']} window of {s['target']} "
+               f"(test_tokens= of at least twice the target gives one)")
     return (f"# {s['method']} settings searched at {s['target']} tokens ({s['target'] / s['train_len']:g} x L)\n\n"
             f"Checkpoint {s['checkpoint']}. {s['trials']} trials, each scoring {s['validation']['tokens']} validation "
-            f"tokens; best validation PPL {s['validation']['best_ppl']:.3f}. Test-split PPL at the target, 95% "
-            f"bootstrap interval:\n\n" + markdown_table(["settings", f"test PPL @ {s['target']}"], rows) + "\n")
+            f"tokens; best validation PPL {s['validation']['best_ppl']:.3f}. Test-split PPL at the target, {ci}:\n\n"
+            + markdown_table(["settings", f"test PPL @ {s['target']}"], rows) + "\n")
 
 
 if __name__ == "__main__":

@@ -116,6 +116,15 @@ def tiny_ckpt(tiny_cache, tiny_data_options, tmp_path_factory):
     return str(run)
 
 
+def test_the_report_says_why_one_test_window_has_no_interval():
+    from scripts.search import _table
+
+    row = {"ppl": 27.5, "ppl_lo": None, "ppl_hi": None, "tokens": 16384}
+    md = _table({"method": "longrope", "target": 16384, "train_len": 8192, "checkpoint": "hf:x", "trials": 3,
+                 "validation": {"tokens": 16384, "best_ppl": 29.3}, "test": {"none": row, "longrope searched": row}})
+    assert "no interval: 16384 test tokens make 1 window" in md and "27.50 |" in md
+
+
 SMALL = ["multiplier=4", "val_tokens=256", "test_tokens=256", "bootstrap=50", "batch_tokens=512"]
 
 
@@ -132,6 +141,7 @@ def test_a_yarn_search_writes_a_config_that_eval_extrapolation_loads(tiny_ckpt, 
     for row in summary["test"].values():
         assert row["ppl_lo"] <= row["ppl"] <= row["ppl_hi"]
     assert (out / "trials.png").stat().st_size > 0 and "yarn searched" in open(out / "search.md").read()
+    assert "95% bootstrap interval over windows" in open(out / "search.md").read()
     # The trials scored the validation split: the winner's validation PPL is measured again there.
     from rope_lm.evaluation import evaluate_lengths
     from rope_lm.trained import checkpoint_cache, open_model
