@@ -313,6 +313,18 @@ def bases(ppl16: dict, half=5.0):
     return rows
 
 
+def at_2x(ppl: dict, half=0.5, train_len=8192):
+    """PPL rows at L and 2 x L: {label: PPL at 2 x L} (PPL 28 at L), labelled as compare.py labels them."""
+    rows = []
+    for label, v in ppl.items():
+        method = label.split("+", 1)[1] if "+" in label else "none"
+        for length, p in ((train_len, 28.0), (2 * train_len, v)):
+            rows.append({"scheme": "rope", "method": method, "label": label, "seed": None, "train_len": train_len,
+                         "length": length, "ratio": length / train_len, "ppl": p, "ppl_lo": p - half,
+                         "ppl_hi": p + half})
+    return rows
+
+
 def small_base(ppl16: float, passkey_far: float, passkey_at_l: float = 1.0):
     label = "rope (pos.base=10.0)"
     retrieval = [{"task": "passkey", "scheme": "rope", "method": "none", "label": label, "train_len": 64, "length": L,
@@ -338,6 +350,7 @@ CONTROLS = {
     "real_self_extend_passkey": self_extend_loses_the_key,
     "pose_near_full_length": lambda: finetunes(pose=150.0),   # 1.56 x YaRN's, apart beyond the intervals
     "longrope_search_beats_yarn": longrope_ties_yarn,
+    "real_longrope_beats_yarn": lambda: at_2x({"rope+longrope-x2": 30.0, "rope+yarn": 28.3}),  # searched, but worse
     "small_base_ppl_without_retrieval": lambda: small_base(ppl16=110.0, passkey_far=0.9),  # still retrieves
     "far_bases_beat_10000": lambda: bases({"500.0": 300.0, "1000000.0": 150.0, "10000.0": 200.0}),  # 500 worse
 }
