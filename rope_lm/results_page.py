@@ -16,6 +16,8 @@ The marker names a file (relative to the repository root) and a kind:
 * ``summary``: one line per run, PPL at L_train and at the whole multiples
   2, 4, ... x L_train, then the same relative to L_train (no intervals: the
   comparison's compare.md has them);
+* ``accuracy``: a compare_retrieval.csv's accuracy per run and length for
+  one task (``task=``, default passkey), with the 95% interval over samples;
 * ``md``: a markdown file as it is (e.g. check_published.md).
 
 Options after the kind: ``labels=a,b`` picks and orders the runs (compare.csv
@@ -34,7 +36,7 @@ from rope_lm.errors import ConfigError
 from rope_lm.tables import markdown_table
 
 BLOCK = re.compile(r"^<!-- table: (?P<spec>[^>]*?) -->\n(?P<body>.*?)^<!-- end table -->$", re.M | re.S)
-KINDS = ("ppl", "rel", "summary", "md")
+KINDS = ("ppl", "rel", "summary", "accuracy", "md")
 
 
 def _number(v: str):
@@ -72,6 +74,8 @@ def render(spec: str, root: str = ".") -> str:
     if kind == "md":
         with open(path) as f:
             return f.read().rstrip("\n")
+    if kind == "accuracy":
+        return _accuracy(path, parts[0], options)
     labels, lengths, by = _runs(path, options)
     train_len = {int(float(by[k]["train_len"])) for k in by if k[0] in labels}
     if len(train_len) != 1:
@@ -93,6 +97,45 @@ def render(spec: str, root: str = ".") -> str:
 
     return markdown_table(["run"] + [f"{L} ({L / L0:g}×)" for L in lengths],
                           [[label] + [cell(label, L) for L in lengths] for label in labels])
+
+
+def _accuracy(path: str, name: str, options: dict) -> str:
+    """One retrieval task's accuracy by length, a row per run (compare_retrieval.csv
+    keeps each run's lengths and accuracies as space-separated lists)."""
+    task = options.get("task", "passkey")
+    with open(path, newline="") as f:
+        rows = [r for r in csv.DictReader(f) if r["task"] == task]
+    if not rows:
+        raise ConfigError(f"{name} has no {task} rows: name the task with task= (the file's tasks are in its "
+                          f"`task` column), or regenerate it with scripts/compare.py.")
+    if "labels" in options:
+        by_label = {r["label"]: r for r in rows}
+        missing = [w for w in options["labels"].split(",") if w not in by_label]
+        if missing:
+            raise ConfigError(f"{name} has no {task} run labelled {', '.join(missing)} "
+                              f"(it has: {', '.join(by_label)}).")
+        rows = [by_label[w] for w in options["labels"].split(",")]
+    def by_length(r):
+        lengths = [int(v) for v in r["lengths"].split()]
+        column = lambda k: [_number(v) for v in r[k].split()] if r.get(k) else [None] * len(lengths)
+        return dict(zip(lengths, zip(column("accuracy"), column("accuracy_lo"), column("accuracy_hi"))))
+
+    tables = {r["label"]: by_length(r) for r in rows}
+    train_len = {int(float(r["train_len"])) for r in rows}
+    if len(train_len) != 1:
+        raise ConfigError(f"The {task} runs of {name} have different training lengths ({sorted(train_len)}); "
+                          f"pick runs with labels=.")
+    L0, lengths = train_len.pop(), sorted({L for t in tables.values() for L in t})
+    pct = lambda v: "–" if v is None else f"{v:.0%}"
+
+    def cell(t, L):
+        if L not in t:
+            return "–"
+        a, lo, hi = t[L]
+        return pct(a) + (f" [{pct(lo)}, {pct(hi)}]" if lo is not None and hi is not None else "")
+
+    return markdown_table(["run"] + [f"{L} ({L / L0:g}×)" for L in lengths],
+                          [[label] + [cell(t, L) for L in lengths] for label, t in tables.items()])
 
 
 def regenerate(text: str, root: str = ".") -> tuple[str, list[str]]:

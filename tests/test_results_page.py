@@ -39,6 +39,20 @@ def test_a_block_is_the_hand_written_table(tmp_path):
                                         "| rope | 20.00 | 30.00 | 1.50 |\n| alibi | 21.00 | 1234 | 0.95 |")
 
 
+def test_an_accuracy_block_is_the_hand_written_table(tmp_path):
+    path = tmp_path / "compare_retrieval.csv"
+    path.write_text("label,scheme,method,train_len,task,lengths,accuracy,accuracy_lo,accuracy_hi\n"
+                    "rope,rope,none,64,passkey,64 128,0.9 0.25,0.7 0,1 0.5\n"
+                    "rope,rope,none,64,vartrack,64 128,0.5 0,0.2 0,0.8 0\n"
+                    "rope + yarn,rope,yarn,64,passkey,64 128,1 0.6,,\n")
+    assert render(f"{path} accuracy") == ("| run | 64 (1×) | 128 (2×) |\n|---|---|---|\n"
+                                          "| rope | 90% [70%, 100%] | 25% [0%, 50%] |\n"
+                                          "| rope + yarn | 100% | 60% |")
+    assert render(f"{path} accuracy task=vartrack").endswith("| rope | 50% [20%, 80%] | 0% [0%, 0%] |")
+    with pytest.raises(ConfigError, match="no qa1 rows"):
+        render(f"{path} accuracy task=qa1")
+
+
 def test_a_changed_csv_makes_its_block_stale_and_regenerating_mends_it(tmp_path):
     csv = small(tmp_path)
     page = f"text\n\n<!-- table: {csv} ppl -->\n{render(csv + ' ppl')}\n<!-- end table -->\n\nmore\n"
@@ -50,7 +64,7 @@ def test_a_changed_csv_makes_its_block_stale_and_regenerating_mends_it(tmp_path)
 
 
 @pytest.mark.parametrize("spec, words", [
-    ("docs/results/pe_pg19_6000/compare.csv", "kind one of ppl, rel, summary, md"),
+    ("docs/results/pe_pg19_6000/compare.csv", "kind one of ppl, rel, summary, accuracy, md"),
     ("docs/results/nowhere/compare.csv ppl", "does not exist"),
     ("docs/results/pe_pg19_6000/compare.csv ppl labels=rope,xpos", "has no run labelled xpos"),
 ])
