@@ -33,6 +33,8 @@ stays above a threshold, see effective_length.
 """
 
 from dataclasses import dataclass
+import json
+import os
 import random
 
 import torch
@@ -176,9 +178,14 @@ def greedy(model, prompts: list[Prompt], task: RetrievalTask, tokenizer, device)
 
 def evaluate(model, tokenizer, stream, tasks: dict[str, RetrievalTask], lengths: list[int], depths: list[float],
              samples: int, seed: int = 0, scoring: str = "teacher", batch_size: int = 8, resamples: int = 1000,
-             on_cell=None) -> dict:
+             on_cell=None, done: dict | None = None) -> dict:
     """{task: {lengths, depths, accuracy[length][depth], token_accuracy, by_length: [...] with intervals}}.
-    Prompts that could not fit are refused before the first forward pass."""
+    Prompts that could not fit are refused before the first forward pass.
+    on_cell(task, length, depth, verdicts) hears each cell scored here;
+    done: {(task, length, depth): verdicts} of cells scored before (a resumed
+    run), taken as they are: a cell's prompts depend only on the seed, so a
+    cell scored twice gives the same verdicts."""
+    done = done or {}
     if scoring not in SCORING:
         raise ConfigError(f"scoring={scoring!r} must be one of {', '.join(SCORING)}.")
     if samples < 1 or batch_size < 1:
@@ -200,6 +207,9 @@ def evaluate(model, tokenizer, stream, tasks: dict[str, RetrievalTask], lengths:
         cells = {}
         for L in lengths:
             for d in depths:
+                if (name, L, d) in done:
+                    cells[(L, d)] = [tuple(v) for v in done[(name, L, d)]]
+                    continue
                 prompts = (shortest[(name, d)] if L == min(lengths)
                            else [hay.build(task, name, L, d, i) for i in range(samples)])
                 verdicts = []
@@ -209,7 +219,7 @@ def evaluate(model, tokenizer, stream, tasks: dict[str, RetrievalTask], lengths:
                                  else greedy(model, chunk, task, tokenizer, device))
                 cells[(L, d)] = verdicts
                 if on_cell:
-                    on_cell(name, L, d, sum(v[0] for v in verdicts) / len(verdicts))
+                    on_cell(name, L, d, verdicts)
         by_length = []
         for j, L in enumerate(lengths):
             flat = [float(v[0]) for d in depths for v in cells[(L, d)]]
@@ -221,6 +231,48 @@ def evaluate(model, tokenizer, stream, tasks: dict[str, RetrievalTask], lengths:
                      "token_accuracy": [[_mean([v[1] for v in cells[(L, d)]]) for d in depths] for L in lengths],
                      "by_length": by_length}
     return out
+
+
+# --- cells as they come (a run can be resumed) ----------------------------------
+
+CELLS = "cells.jsonl"
+
+
+def read_cells(path: str, settings: dict) -> dict:
+    """{(task, length, depth): verdicts} of a cells file written under the same
+    settings; a file of other settings is refused, naming them. A last line cut
+    short (the run was killed mid-write) is ignored."""
+    if not os.path.exists(path):
+        return {}
+    with open(path) as f:
+        lines = f.read().splitlines()
+    head = json.loads(lines[0]) if lines else {}
+    theirs = head.get("settings", {})
+    differ = sorted(k for k in set(settings) | set(theirs) if settings.get(k) != theirs.get(k))
+    if differ:
+        raise ConfigError(f"{path} holds cells scored with other settings ({', '.join(differ)}: "
+                          f"{', '.join(f'{k}={theirs.get(k)!r}' for k in differ)}); continue it with the same "
+                          f"settings, or give a new out= folder.")
+    done = {}
+    for line in lines[1:]:
+        try:
+            c = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        done[(c["task"], c["length"], c["depth"])] = c["verdicts"]
+    return done
+
+
+def append_cell(path: str, settings: dict, task: str, length: int, depth: float, verdicts) -> None:
+    """One scored cell, on disk before the next one starts."""
+    new = not os.path.exists(path)
+    with open(path, "a") as f:
+        if new:
+            f.write(json.dumps({"settings": settings}) + "\n")
+        f.write(json.dumps({"task": task, "length": length, "depth": depth,
+                            "verdicts": [[bool(ok), float(share)] for ok, share in verdicts]}) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
 
 
 def _mean(xs) -> float:

@@ -9,7 +9,10 @@ Writes retrieval_<task>.png (heatmap per task), retrieval.md (accuracy per
 task and length, 95% interval over samples, effective lengths) and
 retrieval.json to out=
 (default: a new <run dir>/diagnostics/retrieval[_<scaling>], made once the
-settings, the model and the prompts are checked).
+settings, the model and the prompts are checked), and cells.jsonl, each
+length x depth cell's verdicts as soon as it is scored: existing=continue
+with the same out= goes on from there after an interruption, or adds
+lengths, depths or tasks to a finished run.
 """
 
 import logging
@@ -41,6 +44,12 @@ def main(cfg):
     if a["haystack"] not in R.HAYSTACKS:
         raise ConfigError(f"haystack={a['haystack']!r} must be corpus (the checkpoint's own evaluation text) or "
                           f"filler (the passkey papers' repeated sentences).")
+    if a["existing"] not in ("refuse", "continue"):
+        raise ConfigError(f"existing={a['existing']!r} is not an option; use refuse (an out= folder holding files is "
+                          f"refused) or continue (go on with the cells an earlier run with the same settings scored "
+                          f"in out=; needs out=).")
+    if a["existing"] == "continue" and not a["out"]:
+        raise ConfigError("existing=continue goes on in the out= folder of an earlier run: give that folder as out=.")
     if a["batch_size"] < 1 or a["samples"] < 1:
         raise ConfigError(f"batch_size={a['batch_size']} and samples={a['samples']} must be at least 1.")
     effective = a.get("effective") or {}
@@ -51,23 +60,39 @@ def main(cfg):
     threshold, relative = effective.get("threshold", R.THRESHOLD), effective.get("relative", False)
     R.check_threshold(threshold, relative)
     scaling = a.get("scaling")
+    # What a cell's verdicts depend on: a resumed run must match them (lengths, depths and tasks may grow).
+    settings = {"checkpoint": a["ckpt"], "scaling": scaling, "needles": a["needles"], "samples": a["samples"],
+                "seed": a["seed"], "scoring": a["scoring"], "haystack": a["haystack"], "split": a["split"],
+                "data": a["data"] or None}
+    done = R.read_cells(os.path.join(a["out"], R.CELLS), settings) if a["existing"] == "continue" else {}
+    if done:
+        log.info("Continuing in %s: %d cell(s) scored before", a["out"], len(done))
     trained = open_model(a["ckpt"], a["device"], scaling)
     model, train_len = trained.model, trained.train_len
     lengths = D.lengths_for(train_len, a["lengths"], a["multipliers"])
-    D.output_dir(a["out"], trained.path, "retrieval", scaling)
+    if a["existing"] == "continue":
+        D.check_writable(a["out"], "out=")
+    else:
+        D.output_dir(a["out"], trained.path, "retrieval", scaling)
     tokenizer = trained.tokenizer()
     stream = (R.filler_stream(tokenizer, max(lengths) + 1) if a["haystack"] == "filler"
               else D.checkpoint_tokens(trained, a["split"], a["data"] or None))
 
-    def report(task, length, depth, accuracy):
-        log.info("%s length %d depth %g: accuracy %.0f%%", task, length, depth, 100 * accuracy)
+    folder = []  # made at the first scored cell, so a refused run leaves no folder
+
+    def report(task, length, depth, verdicts):
+        if not folder:
+            folder.append(D.make_output_dir(a["out"], trained.path, "retrieval", scaling))
+        R.append_cell(os.path.join(folder[0], R.CELLS), settings, task, length, depth, verdicts)
+        log.info("%s length %d depth %g: accuracy %.0f%%", task, length, depth,
+                 100 * sum(v[0] for v in verdicts) / len(verdicts))
 
     results = R.evaluate(model, tokenizer, stream, tasks, lengths, a["depths"], a["samples"], a["seed"],
-                         a["scoring"], a["batch_size"], a["bootstrap"], on_cell=report)
+                         a["scoring"], a["batch_size"], a["bootstrap"], on_cell=report, done=done)
     summary = R.add_effective(results, threshold, relative, train_len)
     method = getattr(model.scaling, "label", model.scaling.name)
     scheme = model.pos_scheme.name
-    out = D.make_output_dir(a["out"], trained.path, "retrieval", scaling)
+    out = folder[0] if folder else D.make_output_dir(a["out"], trained.path, "retrieval", scaling)
     for name, r in results.items():
         P.plot_passkey(r, os.path.join(out, f"retrieval_{name}.png"), train_len,
                        f"{name} ({a['scoring']}) — {scheme} + {method}, trained at {train_len} ({a['samples']} per "

@@ -233,6 +233,31 @@ def test_retrieval_script(tiny_cache, tiny_data_options, tmp_path):
     assert "| vartrack |" in done.stdout and (out / "retrieval.md").exists()
 
 
+def test_a_run_goes_on_from_its_cells(tiny_cache, tiny_data_options, tmp_path):
+    save_tiny_checkpoint(str(tmp_path / "run" / "checkpoints" / "last.ckpt"), tiny_cache, tiny_data_options,
+                         train_len=256)
+    common = [f"ckpt={tmp_path / 'run'}", "tasks=[passkey,vartrack]", "depths=[0,1]", "samples=2", "needles=2",
+              "bootstrap=50"]
+    whole = tmp_path / "whole"
+    run_script("retrieval.py", *common, "multipliers=[1,2]", f"out={whole}", cwd=tmp_path)
+    part = tmp_path / "part"
+    run_script("retrieval.py", *common, "multipliers=[1]", f"out={part}", cwd=tmp_path)
+    # A run killed mid-write leaves a cut line; the next run ignores it and scores that cell again.
+    with open(part / "cells.jsonl", "a") as f:
+        f.write('{"task": "passkey", "len')
+    done = run_script("retrieval.py", *common, "multipliers=[1,2]", f"out={part}", "existing=continue", cwd=tmp_path)
+    assert "4 cell(s) scored before" in done.stderr
+    scored_now = [line for line in done.stderr.splitlines() if "depth" in line and "accuracy" in line]
+    assert len(scored_now) == 4 and all("length 512" in line for line in scored_now)
+    assert json.load(open(part / "retrieval.json"))["tasks"] == json.load(open(whole / "retrieval.json"))["tasks"]
+    # Other settings are refused before any forward pass, naming what differs.
+    done = run_script("retrieval.py", *common[:-2], "needles=3", "bootstrap=50", "multipliers=[1,2]", f"out={part}",
+                      "existing=continue", status=2, cwd=tmp_path)
+    assert_one_paragraph(done, "other settings (needles")
+    done = run_script("retrieval.py", *common, "multipliers=[1]", f"out={part}", status=2, cwd=tmp_path)
+    assert_one_paragraph(done, "already holds files")
+
+
 def test_retrieval_script_refuses_a_bad_task(tmp_path):
     done = run_script("retrieval.py", "ckpt=nowhere", "tasks=[passkey,needle]", status=2, cwd=tmp_path)
     assert_one_paragraph(done, "valid tasks are passkey, multikey")
