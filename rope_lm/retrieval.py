@@ -37,6 +37,7 @@ import json
 import os
 import random
 
+import numpy as np
 import torch
 
 from rope_lm import bootstrap
@@ -127,13 +128,18 @@ class Haystacks:
                       target_offset=target_offset, fill=n_fill, question_start=len(ids))
 
 
-def filler_stream(tokenizer, n_tokens: int) -> list[int]:
+FILLER_TOKENS = 1 << 20  # the filler haystack's size: fixed, so a cell's prompts do not depend on the lengths asked
+
+
+def filler_stream(tokenizer, n_tokens: int):
     """The passkey papers' haystack (Mohtashami & Jaggi, 2023; Self-Extend's
-    and LongLM's passkey test): their five filler sentences repeated, at
-    least n_tokens long, in the model's own tokens. A model that reads the
-    corpus poorly can still show whether it finds a needle past its window."""
-    once = tokenizer.encode(FILLER).ids
-    return once * (n_tokens // len(once) + 2)
+    and LongLM's passkey test): their five filler sentences repeated, in the
+    model's own tokens, FILLER_TOKENS long (more only for a longer n_tokens).
+    A model that reads the corpus poorly can still show whether it finds a
+    needle past its window."""
+    once = np.array(tokenizer.encode(FILLER).ids, dtype=np.int64)
+    size = max(FILLER_TOKENS, 1 << int(n_tokens).bit_length())
+    return np.resize(once, size)
 
 
 # --- scoring ------------------------------------------------------------------------

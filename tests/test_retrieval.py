@@ -94,7 +94,7 @@ def test_haystacks_are_corpus_text_not_filler(hay, tokenizer, tiny_cache):
 
 def test_filler_haystacks_are_the_passkey_papers_sentences(tokenizer):
     stream = R.filler_stream(tokenizer, 700)
-    assert len(stream) > 700
+    assert len(stream) == R.FILLER_TOKENS and list(R.filler_stream(tokenizer, 5000)[:900]) == list(stream[:900])
     hay = R.Haystacks(tokenizer, stream, seed=5)
     p = hay.build(R.Passkey(2), "passkey", 600, 0.5, sample=0)
     text = tokenizer.decode(p.ids[: p.question_start])
@@ -102,7 +102,7 @@ def test_filler_haystacks_are_the_passkey_papers_sentences(tokenizer):
     # Everything but the needle is the five sentences, in their cycle.
     rest = re.sub(r"\s*The pass key is \d+\. Remember it\. \d+ is the pass key\.", "", text)
     words = set(re.findall(r"[A-Za-z]+", "".join(FILLER_SENTENCES)))
-    assert set(re.findall(r"[A-Za-z]+", rest)) <= words
+    assert set(re.findall(r"[A-Za-z]+", rest)[1:-1]) <= words  # the cut at either end may split a word
     assert "The grass is green." in rest and "There and back again." in rest
 
 
