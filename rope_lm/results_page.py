@@ -115,6 +115,7 @@ def _accuracy(path: str, name: str, options: dict) -> str:
             raise ConfigError(f"{name} has no {task} run labelled {', '.join(missing)} "
                               f"(it has: {', '.join(by_label)}).")
         rows = [by_label[w] for w in options["labels"].split(",")]
+
     def by_length(r):
         lengths = [int(v) for v in r["lengths"].split()]
         column = lambda k: [_number(v) for v in r[k].split()] if r.get(k) else [None] * len(lengths)
