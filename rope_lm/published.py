@@ -16,6 +16,7 @@ interval, from compare_retrieval.csv or retrieval.json files; search rules
 read the test rows of scripts/search.py's search.json files.
 """
 
+from collections.abc import Callable
 from dataclasses import dataclass
 import csv
 import json
@@ -210,6 +211,37 @@ class Ambiguous(Exception):
 
 # --- rules: (claim, evidence) -> Verdict ----------------------------------------------
 
+@dataclass(frozen=True)
+class Rule:
+    """One rule: its check, the claim fields it needs, the rows it reads
+    (READERS) and the rule in words, made from the claim's own fields so that
+    text and check never drift."""
+    check: Callable[[dict, object], Verdict]
+    parameters: tuple[str, ...]
+    says: Callable[[dict], str]
+    rows: str = "ppl"
+
+    def __call__(self, claim: dict, rows) -> Verdict:
+        return self.check(claim, rows)
+
+
+RULES: dict[str, Rule] = {}
+
+
+def rule(parameters: tuple[str, ...], says: Callable[[dict], str], rows: str = "ppl"):
+    """Registers the decorated check under its function name."""
+    def register(check):
+        RULES[check.__name__] = Rule(check, parameters, says, rows)
+        return check
+    return register
+
+
+def _bounds(c: dict) -> str:
+    lo, hi = c.get("min"), c.get("max")
+    return f"in [{lo}, {hi}]" if lo is not None and hi is not None else f">= {lo}" if lo is not None else f"<= {hi}"
+
+
+@rule(("series", "multiplier"), lambda c: f"{c['series']}: PPL({c['multiplier']} x L) / PPL(L) {_bounds(c)}")
 def ratio_between(claim: dict, rows: list[dict]) -> Verdict:
     s, k = _series(rows, claim["series"]), float(claim["multiplier"])
     v = (s.get(k) or {}).get("ppl_rel")
@@ -219,6 +251,8 @@ def ratio_between(claim: dict, rows: list[dict]) -> Verdict:
     return Verdict(f"{v:.2f} at {k:g} x L", MATCHED if lo <= v <= hi else NOT_MATCHED)
 
 
+@rule(("series", "from_multiplier", "max"),
+      lambda c: f"{c['series']}: PPL(k x L) / PPL(L) <= {c['max']} for every k >= {c['from_multiplier']}")
 def ratio_at_most(claim: dict, rows: list[dict]) -> Verdict:
     s = _series(rows, claim["series"])
     past = {k: v["ppl_rel"] for k, v in s.items() if k >= float(claim["from_multiplier"]) and "ppl_rel" in v}
@@ -262,6 +296,10 @@ def _ordered(points: dict[str, dict], order: list[str], metric: str) -> tuple[st
     return (NOT_MATCHED if reversed_ else TIED if tied else MATCHED), why
 
 
+@rule(("multiplier", "order"),
+      lambda c: f"{c.get('metric', 'ppl')} at {c['multiplier']} x L"
+                f"{', in the fine-tuned runs' if c.get('train_len') == 'max' else ''}: "
+                f"{' < '.join(c['order'])}, each pair apart beyond the intervals")
 def ppl_order(claim: dict, rows: list[dict]) -> Verdict:
     """The series in claim['order'] (best first) have increasing `metric`
     (ppl or ppl_rel) at the multiplier, in the group trained at `train_len`;
@@ -283,6 +321,9 @@ def ppl_order(claim: dict, rows: list[dict]) -> Verdict:
     return Verdict(f"{shown} ({metric} at {k:g} x L)" + (f"; {why}" if why else ""), verdict)
 
 
+@rule(("series", "from_multiplier", "max", "control"),
+      lambda c: f"{c['series']}: PPL(k x L) / PPL(L) <= {c['max']} for every k >= {c['from_multiplier']}, and "
+                f"below {c['control']}'s (attention limited to L) beyond the intervals")
 def flat_beyond_window(claim: dict, rows: list[dict]) -> Verdict:
     """The series at k x L (every k >= from_multiplier) is at most `max` times
     its PPL at L, and below the window-L control (`control`, a model that reads
@@ -316,6 +357,11 @@ def flat_beyond_window(claim: dict, rows: list[dict]) -> Verdict:
     return Verdict(shown, MATCHED)
 
 
+@rule(("above", "below"),
+      lambda c: f"mean reciprocal rank over tasks, exact match past the training sizes: each of "
+                f"{', '.join(c['above'])} > each of {', '.join(c['below'])}"
+                + (f" ({', '.join(c['extra'])} ranked too, not in the claim)" if c.get("extra") else ""),
+      rows="task")
 def task_mrr(claim: dict, rows: list[dict]) -> Verdict:
     """Mean reciprocal rank over tasks (Kazemnejad et al.): per task the schemes
     are ranked by exact match past the training sizes (mean over seeds; equal
@@ -347,6 +393,8 @@ def task_mrr(claim: dict, rows: list[dict]) -> Verdict:
     return Verdict(shown, MATCHED if ok else NOT_MATCHED)
 
 
+@rule(("series", "reference"),
+      lambda c: f"PPL of {c['series']} above {c['reference']}'s at every evaluated length, beyond the intervals")
 def worse_everywhere(claim: dict, rows: list[dict]) -> Verdict:
     """The series has a higher PPL than the reference at every length both were
     evaluated at, each beyond the intervals."""
@@ -378,6 +426,9 @@ def _at_length(rows: list[dict], name: str, length: int) -> dict:
     return _series(rows, name).get(round(length / min(lens), 6)) or {}
 
 
+@rule(("series", "references", "length", "max_ratio"),
+      lambda c: f"PPL of {c['series']} at {c['length']} tokens within the intervals of the best of "
+                f"{', '.join(c['references'])}, or at most {c['max_ratio']} x it")
 def close_to(claim: dict, rows: list[dict]) -> Verdict:
     """The series' PPL at `length` tokens is within the intervals of the best
     of the references' (the lowest PPL there), or at most max_ratio times it."""
@@ -396,6 +447,10 @@ def close_to(claim: dict, rows: list[dict]) -> Verdict:
     return Verdict(shown, MATCHED if ratio <= claim["max_ratio"] else NOT_MATCHED)
 
 
+@rule(("method", "better", "worse"),
+      lambda c: f"test PPL of {c['better']} below {c['worse']}'s at every target of the {c['method']} search, "
+                f"beyond the intervals",
+      rows="search")
 def search_beats(claim: dict, rows: list[dict]) -> Verdict:
     """In every search of `method`, the test PPL of the row `better` (e.g.
     "longrope searched") is below that of `worse` (e.g. "yarn defaults")
@@ -427,6 +482,9 @@ def _accuracy_series(rows: list[dict], name: str, task: str) -> dict[int, dict]:
     return {r["length"]: r for r in _series_rows(rows, name) if r["task"] == task}
 
 
+@rule(("better", "worse", "multiplier"),
+      lambda c: f"{c.get('metric', 'ppl')} at {c['multiplier']} x L: each of {', '.join(c['better'])} below "
+                f"{c['worse']}, beyond the intervals")
 def each_below(claim: dict, rows: list[dict]) -> Verdict:
     """Every series in `better` has a lower `metric` (ppl or ppl_rel) at the
     multiplier than `worse`, beyond the intervals."""
@@ -449,6 +507,10 @@ def each_below(claim: dict, rows: list[dict]) -> Verdict:
     return Verdict(shown, MATCHED)
 
 
+@rule(("series", "task", "multiplier", "max_ppl_rel", "min_at_l", "max_accuracy"),
+      lambda c: f"{c['series']}: PPL({c['multiplier']} x L) / PPL(L) <= {c['max_ppl_rel']} while its {c['task']} "
+                f"accuracy, >= {c['min_at_l']:.0%} at L, is <= {c['max_accuracy']:.0%} at {c['multiplier']} x L",
+      rows="ppl+retrieval")
 def ppl_kept_retrieval_lost(claim: dict, rows: dict) -> Verdict:
     """The series keeps its PPL at k x L within `max_ppl_rel` of its PPL at L
     while the task's accuracy, at least `min_at_l` at L, is at most
@@ -472,6 +534,10 @@ def ppl_kept_retrieval_lost(claim: dict, rows: dict) -> Verdict:
     return Verdict(shown, MATCHED if ok else NOT_MATCHED)
 
 
+@rule(("series", "task", "min", "control"),
+      lambda c: f"{c['task']} accuracy of {c['series']} >= {c['min']:.0%} at every length past L, and above "
+                f"{c['control']}'s beyond the intervals at one of them",
+      rows="retrieval")
 def retrieval_kept(claim: dict, rows: list[dict]) -> Verdict:
     """The series' accuracy on the task is at least `min` at every length past
     the training length, and above the control's (the plain model) beyond
@@ -497,65 +563,15 @@ def retrieval_kept(claim: dict, rows: list[dict]) -> Verdict:
     return Verdict(shown, MATCHED)
 
 
-RULES = {"ratio_between": ratio_between, "ratio_at_most": ratio_at_most, "ppl_order": ppl_order,
-         "flat_beyond_window": flat_beyond_window, "task_mrr": task_mrr, "worse_everywhere": worse_everywhere,
-         "retrieval_kept": retrieval_kept, "close_to": close_to, "search_beats": search_beats,
-         "each_below": each_below, "ppl_kept_retrieval_lost": ppl_kept_retrieval_lost}
-PARAMETERS = {"ratio_between": ("series", "multiplier"), "ratio_at_most": ("series", "from_multiplier", "max"),
-              "ppl_order": ("multiplier", "order"), "flat_beyond_window": ("series", "from_multiplier", "max", "control"),
-              "task_mrr": ("above", "below"), "worse_everywhere": ("series", "reference"),
-              "retrieval_kept": ("series", "task", "min", "control"),
-              "close_to": ("series", "references", "length", "max_ratio"),
-              "search_beats": ("method", "better", "worse"), "each_below": ("better", "worse", "multiplier"),
-              "ppl_kept_retrieval_lost": ("series", "task", "multiplier", "max_ppl_rel", "min_at_l", "max_accuracy")}
-# Which rows a rule reads (ppl_rows for every other rule); "ppl+retrieval": {"ppl": ..., "retrieval": ...}.
-ROWS = {"task_mrr": "task", "retrieval_kept": "retrieval", "search_beats": "search",
-        "ppl_kept_retrieval_lost": "ppl+retrieval"}
+# The rows a rule reads (Rule.rows); "ppl+retrieval" gives {"ppl": ..., "retrieval": ...}.
 READERS = {"task": task_rows, "retrieval": retrieval_rows, "search": search_rows, "ppl": ppl_rows,
            "ppl+retrieval": lambda paths: {"ppl": ppl_rows(paths), "retrieval": retrieval_rows(paths)}}
 
 
 def rule_text(claim: dict) -> str:
-    """The rule in words, from its own parameters (so text and check never drift)."""
-    r = claim["rule"]
+    """The rule in words, and the training budget it needs where the claim names one."""
     budget = f" (needs a model trained on {claim['budget']})" if claim.get("budget") else ""
-    if r == "ratio_between":
-        lo, hi = claim.get("min"), claim.get("max")
-        bounds = f"in [{lo}, {hi}]" if lo is not None and hi is not None else f">= {lo}" if lo is not None else f"<= {hi}"
-        return f"{claim['series']}: PPL({claim['multiplier']} x L) / PPL(L) {bounds}{budget}"
-    if r == "ratio_at_most":
-        return f"{claim['series']}: PPL(k x L) / PPL(L) <= {claim['max']} for every k >= {claim['from_multiplier']}{budget}"
-    if r == "flat_beyond_window":
-        return f"{claim['series']}: PPL(k x L) / PPL(L) <= {claim['max']} for every k >= {claim['from_multiplier']}, " \
-               f"and below {claim['control']}'s (attention limited to L) beyond the intervals{budget}"
-    if r == "ppl_order":
-        where = ", in the fine-tuned runs" if claim.get("train_len") == "max" else ""
-        return f"{claim.get('metric', 'ppl')} at {claim['multiplier']} x L{where}: " + " < ".join(claim["order"]) + \
-            f", each pair apart beyond the intervals{budget}"
-    if r == "worse_everywhere":
-        return f"PPL of {claim['series']} above {claim['reference']}'s at every evaluated length, beyond the " \
-               f"intervals{budget}"
-    if r == "retrieval_kept":
-        return f"{claim['task']} accuracy of {claim['series']} >= {claim['min']:.0%} at every length past L, and above " \
-               f"{claim['control']}'s beyond the intervals at one of them{budget}"
-    if r == "close_to":
-        return f"PPL of {claim['series']} at {claim['length']} tokens within the intervals of the best of " \
-               f"{', '.join(claim['references'])}, or at most {claim['max_ratio']} x it{budget}"
-    if r == "search_beats":
-        return f"test PPL of {claim['better']} below {claim['worse']}'s at every target of the {claim['method']} " \
-               f"search, beyond the intervals{budget}"
-    if r == "each_below":
-        return f"{claim.get('metric', 'ppl')} at {claim['multiplier']} x L: each of {', '.join(claim['better'])} below " \
-               f"{claim['worse']}, beyond the intervals{budget}"
-    if r == "ppl_kept_retrieval_lost":
-        return f"{claim['series']}: PPL({claim['multiplier']} x L) / PPL(L) <= {claim['max_ppl_rel']} while its " \
-               f"{claim['task']} accuracy, >= {claim['min_at_l']:.0%} at L, is <= {claim['max_accuracy']:.0%} at " \
-               f"{claim['multiplier']} x L{budget}"
-    if r == "task_mrr":
-        extra = f" ({', '.join(claim['extra'])} ranked too, not in the claim)" if claim.get("extra") else ""
-        return f"mean reciprocal rank over tasks, exact match past the training sizes: each of " \
-               f"{', '.join(claim['above'])} > each of {', '.join(claim['below'])}{extra}{budget}"
-    raise ConfigError(f"Unknown rule {r!r}; valid rules are {', '.join(RULES)}.")
+    return RULES[claim["rule"]].says(claim) + budget
 
 
 def check_claims(claims: list[dict], studies: dict[str, list[str]]) -> list[dict]:
@@ -565,9 +581,9 @@ def check_claims(claims: list[dict], studies: dict[str, list[str]]) -> list[dict
         if missing or c["rule"] not in RULES:
             raise ConfigError(f"Claim {c.get('id', '?')!r} needs id, study, source, published and a rule among "
                               f"{', '.join(RULES)} (missing: {', '.join(missing) or 'a known rule'}).")
-        lacking = [k for k in PARAMETERS[c["rule"]] if k not in c]
+        lacking = [k for k in RULES[c["rule"]].parameters if k not in c]
         if lacking:
-            raise ConfigError(f"Claim {c['id']!r} (rule {c['rule']}) needs {', '.join(PARAMETERS[c['rule']])} "
+            raise ConfigError(f"Claim {c['id']!r} (rule {c['rule']}) needs {', '.join(RULES[c['rule']].parameters)} "
                               f"(missing: {', '.join(lacking)}); see conf/published.yaml.")
     out, cache = [], {}
     for c in claims:
@@ -581,7 +597,7 @@ def check_claims(claims: list[dict], studies: dict[str, list[str]]) -> list[dict
                 result = Verdict(f"not run ({', '.join(missing) or 'no folder given for ' + c['study']})",
                                  NOT_COMPARABLE)
             else:
-                key = (path, ROWS.get(c["rule"], "ppl"))
+                key = (path, RULES[c["rule"]].rows)
                 if key not in cache:
                     cache[key] = READERS[key[1]](group)
                 try:
