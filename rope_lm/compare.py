@@ -221,6 +221,23 @@ def read_json_or_note(path: str, rerun: str) -> tuple[object, str | None]:
         return None, f"UNREADABLE: `{_short(os.path.dirname(path))}`: {path} is not valid JSON ({e}); {rerun}"
 
 
+def read_runs(files: list[str], rerun: str, problem) -> tuple[list[dict], list[str]]:
+    """The results files that read as JSON and in which `problem(r)` finds
+    nothing (it returns the line to list a bad file under, or None), each with
+    its run_dir; and that line for every other file: one bad file never hides
+    the others."""
+    runs, notes = [], []
+    for p in files:
+        r, note = read_json_or_note(p, rerun)
+        note = note or problem(r, p)
+        if note:
+            notes.append(note)
+            continue
+        r["run_dir"] = os.path.dirname(p)
+        runs.append(r)
+    return runs, notes
+
+
 def files_given_or_below(paths: list[str], name: str) -> list[str]:
     """The files called `name` among `paths` (files) or at or below them
     (directories), absolute and each once, in the order given."""

@@ -5,7 +5,7 @@ name theirs (rope_lm.labels)."""
 
 import os
 
-from rope_lm.compare import _from_here, _short, files_given_or_below, read_json_or_note, to_csv
+from rope_lm.compare import _from_here, _short, files_given_or_below, read_runs, to_csv
 from rope_lm.effective_length import effective_label
 from rope_lm.errors import ConfigError
 from rope_lm.files import atomic_write
@@ -27,19 +27,11 @@ def load_retrieval_runs(paths: list[str]) -> tuple[list[dict], list[str]]:
     """The runs that report effective lengths, and a note on every other
     retrieval.json (unreadable, or written before effective lengths existed:
     rerun scripts/retrieval.py on it)."""
-    runs, skipped = [], []
-    for p in find_retrieval_results(paths):
-        r, note = read_json_or_note(p, "rerun it.")
-        if note:
-            skipped.append(note)
-            continue
+    def problem(r, p):
         if not isinstance(r, dict) or not isinstance(r.get("tasks"), dict) or "effective" not in r:
-            skipped.append(f"NO EFFECTIVE LENGTHS: `{_short(os.path.dirname(p))}`: {p} has no effective lengths "
-                           f"(written by an older scripts/retrieval.py); rerun it.")
-            continue
-        r["run_dir"] = os.path.dirname(p)
-        runs.append(r)
-    return runs, skipped
+            return (f"NO EFFECTIVE LENGTHS: `{_short(os.path.dirname(p))}`: {p} has no effective lengths (written by "
+                    f"an older scripts/retrieval.py); rerun it.")
+    return read_runs(find_retrieval_results(paths), "rerun it.", problem)
 
 
 def _threshold(r: dict) -> str:

@@ -6,7 +6,7 @@ its rows (rope_lm.labels)."""
 import os
 import re
 
-from rope_lm.compare import _from_here, _short, files_given_or_below, read_json_or_note, to_csv
+from rope_lm.compare import _from_here, _short, files_given_or_below, read_runs, to_csv
 from rope_lm.errors import ConfigError
 from rope_lm.files import atomic_write
 from rope_lm.labels import distinct_labels, flat_settings
@@ -27,19 +27,11 @@ def load_task_runs(paths: list[str]) -> tuple[list[dict], list[str]]:
     """The task runs, and a note on every task_results.json that cannot be
     read (half-written by a killed process, or not a task run's): one bad file
     never hides the others."""
-    runs, unreadable = [], []
-    for p in find_task_results(paths):
-        r, note = read_json_or_note(p, "rerun that task.")
-        if note:
-            unreadable.append(note)
-            continue
+    def problem(r, p):
         if not isinstance(r, dict) or r.get("kind") != "task" or "buckets" not in r:
-            unreadable.append(f"UNREADABLE: `{_short(os.path.dirname(p))}`: {p} is not a rope-lm task results file "
-                              f"(no kind: task / buckets).")
-            continue
-        r["run_dir"] = os.path.dirname(p)
-        runs.append(r)
-    return runs, unreadable
+            return (f"UNREADABLE: `{_short(os.path.dirname(p))}`: {p} is not a rope-lm task results file (no kind: "
+                    f"task / buckets).")
+    return read_runs(find_task_results(paths), "rerun that task.", problem)
 
 
 def task_labels(runs: list[dict]) -> dict[str, str]:
