@@ -165,10 +165,13 @@ def search_rows(paths: list[str]) -> list[dict]:
 def _series_rows(rows: list[dict], name: str) -> list[dict]:
     if "(" in name:  # a comparison's row label, e.g. "rope (pos.base=500.0)": runs told apart by a setting
         return [r for r in rows if r.get("label") == name]
-    name, _, positions = name.partition("@")
-    scheme, _, method = name.partition("+")
-    return [r for r in rows if r["scheme"] == scheme and r["method"] == (method or "none")
-            and (r.get("train_pos") or "none") == (positions or "none")]
+    # A scheme's own name may hold a "+" (a layout or softmax option: rope+nope_every_4), so each row's
+    # series name is built and compared whole rather than the name split.
+    def series(r):
+        positions = r.get("train_pos") or "none"
+        return r["scheme"] + ("" if r["method"] == "none" else f"+{r['method']}") + \
+            ("" if positions == "none" else f"@{positions}")
+    return [r for r in rows if series(r) == name]
 
 
 def _series(rows: list[dict], name: str, train_len: str = "min") -> dict[float, dict]:

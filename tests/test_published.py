@@ -313,13 +313,14 @@ def bases(ppl16: dict, half=5.0):
     return rows
 
 
-def at_2x(ppl: dict, half=0.5, train_len=8192):
-    """PPL rows at L and 2 x L: {label: PPL at 2 x L} (PPL 28 at L), labelled as compare.py labels them."""
+def at_k(ppl: dict, k=2, half=0.5, train_len=8192, methods=True):
+    """PPL rows at L and k x L: {label: PPL at k x L} (PPL 28 at L), labelled as compare.py labels them
+    (with methods=False a label's "+..." is part of the scheme, as a layout's is)."""
     rows = []
     for label, v in ppl.items():
-        method = label.split("+", 1)[1] if "+" in label else "none"
-        for length, p in ((train_len, 28.0), (2 * train_len, v)):
-            rows.append({"scheme": "rope", "method": method, "label": label, "seed": None, "train_len": train_len,
+        scheme, _, method = label.partition("+") if methods else (label, "", "")
+        for length, p in ((train_len, 28.0), (k * train_len, v)):
+            rows.append({"scheme": scheme, "method": method or "none", "label": label, "seed": None, "train_len": train_len,
                          "length": length, "ratio": length / train_len, "ppl": p, "ppl_lo": p - half,
                          "ppl_hi": p + half})
     return rows
@@ -350,7 +351,11 @@ CONTROLS = {
     "real_self_extend_passkey": self_extend_loses_the_key,
     "pose_near_full_length": lambda: finetunes(pose=150.0),   # 1.56 x YaRN's, apart beyond the intervals
     "longrope_search_beats_yarn": longrope_ties_yarn,
-    "real_longrope_beats_yarn": lambda: at_2x({"rope+longrope-x2": 30.0, "rope+yarn": 28.3}),  # searched, but worse
+    "real_longrope_beats_yarn": lambda: at_k({"rope+longrope-x2": 30.0, "rope+yarn": 28.3}),  # searched, but worse
+    # A layout level with RoPE at 16 x L (within the intervals), one worse beyond them, SSMax no better.
+    "nope_every_4_beats_rope": lambda: at_k({"rope+nope_every_4": 60.3, "rope": 60.0}, k=16, train_len=64, methods=False),
+    "rnope_beats_rope": lambda: at_k({"rope+local_global": 75.0, "rope": 60.0}, k=16, train_len=64, methods=False),
+    "ssmax_beats_softmax": lambda: at_k({"rope+ssmax": 61.0, "rope": 60.0}, k=16, train_len=64, methods=False),
     "small_base_ppl_without_retrieval": lambda: small_base(ppl16=110.0, passkey_far=0.9),  # still retrieves
     "far_bases_beat_10000": lambda: bases({"500.0": 300.0, "1000000.0": 150.0, "10000.0": 200.0}),  # 500 worse
 }
@@ -502,3 +507,14 @@ def test_ppl_kept_retrieval_lost():
     assert (v.ours, v.verdict) == ("PPL 1.10 x its PPL at L at 16 x L; passkey 100% at L, 10% at 16 x L", P.MATCHED)
     assert P.ppl_kept_retrieval_lost(c, small_base(ppl16=300.0, passkey_far=0.1)).verdict == P.NOT_MATCHED
     assert P.ppl_kept_retrieval_lost(c, small_base(110.0, 0.0, passkey_at_l=0.1)).verdict == P.NOT_COMPARABLE
+
+
+def test_a_layout_series_is_read_by_its_whole_scheme_name():
+    """A layout's scheme holds a "+" (rope+nope_every_4): its rows are its own, not RoPE's under a
+    method called nope_every_4, so the layout claims can match as well as fail."""
+    claim = next(c for c in published_claims() if c["id"] == "nope_every_4_beats_rope")
+    better = at_k({"rope+nope_every_4": 50.0, "rope": 60.0}, k=16, train_len=64, methods=False)
+    assert P.RULES[claim["rule"]](claim, better).verdict == P.MATCHED
+    with_method = [dict(r, method="yarn", label=r["label"] + "+yarn") for r in better]
+    assert P._series(better + with_method, "rope+nope_every_4+yarn")[16.0]["ppl"] == 50.0
+    assert P._series(better + with_method, "rope+nope_every_4")[16.0]["ppl"] == 50.0
