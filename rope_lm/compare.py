@@ -28,7 +28,7 @@ import os
 import re
 
 from rope_lm.errors import ConfigError
-from rope_lm.files import atomic_write, save_figure
+from rope_lm.files import atomic_write, from_here, save_figure
 from rope_lm.labels import NOT_A_SETTING, distinct_labels, flat_settings
 from rope_lm.report import RESULTS_JSON, log_binned
 from rope_lm.run_settings import settings_key
@@ -396,12 +396,6 @@ def _short(path: str) -> str:
     return os.sep.join(parts[-2:])
 
 
-def _from_here(path: str) -> str:
-    """Relative to the working directory when under it, so a committed CSV names no home folder."""
-    rel = os.path.relpath(path)
-    return path if rel.startswith("..") else rel
-
-
 def _label(g: Group):
     """scheme ([train: its training-time position method]) (+ method unless
     direct); where two series would share a name, the settings their runs
@@ -579,7 +573,7 @@ def csv_rows(groups: list[Group]) -> list[dict]:
                     "loss": r.get("loss"), "tokens": r.get("tokens"), "documents": r.get("documents"),
                     "protocol": r.get("protocol", "stream"), "within_noise_of_best": _noise_flag(g, s, L),
                     "corpus": g.key.fingerprint, "split": g.key.split, "tokenizer": g.key.tokenizer,
-                    "run_dir": _from_here(s.run_dir), "train_pos": s.train_pos,
+                    "run_dir": from_here(s.run_dir), "train_pos": s.train_pos,
                 })
     return rows
 
@@ -602,7 +596,7 @@ def seed_rows(groups: list[Group]) -> list[dict]:
                     "ppl_min": st["min"], "ppl_max": st["max"], "noise_lo": lo, "noise_hi": hi,
                     "per_seed": ";".join(f"{k}={v!r}" for k, v in values.items()),
                     "within_noise_of_best": _noise_flag(g, a, L),
-                    "run_dirs": ";".join(_from_here(s.run_dir) for s in a.members),
+                    "run_dirs": ";".join(from_here(s.run_dir) for s in a.members),
                 })
     return rows
 

@@ -70,6 +70,13 @@ def build_folder(target: str, build, what: str) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def from_here(path: str) -> str:
+    """Relative to the working directory when under it, so a committed results
+    file names no home folder (a path elsewhere stays as it is)."""
+    rel = os.path.relpath(path)
+    return path if rel.startswith("..") else rel
+
+
 def write_json(path: str, obj):
     atomic_write(path, json.dumps(obj, indent=1, default=str))
 

@@ -5,10 +5,10 @@ name theirs (rope_lm.labels)."""
 
 import os
 
-from rope_lm.compare import _from_here, _short, files_given_or_below, read_runs, to_csv
+from rope_lm.compare import _short, files_given_or_below, read_runs, to_csv
 from rope_lm.effective_length import effective_label
 from rope_lm.errors import ConfigError
-from rope_lm.files import atomic_write
+from rope_lm.files import atomic_write, from_here
 from rope_lm.labels import distinct_labels
 from rope_lm.tables import markdown_table
 
@@ -84,7 +84,7 @@ def csv_rows(runs: list[dict], names: dict[str, str] | None = None) -> list[dict
                          "accuracy": _numbers([b["accuracy"] for b in by_length]),
                          "accuracy_lo": _numbers([b.get("accuracy_lo") for b in by_length]),
                          "accuracy_hi": _numbers([b.get("accuracy_hi") for b in by_length]),
-                         "run_dir": _from_here(r["run_dir"])})
+                         "run_dir": from_here(r["run_dir"])})
     return rows
 
 

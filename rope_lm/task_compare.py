@@ -6,9 +6,9 @@ its rows (rope_lm.labels)."""
 import os
 import re
 
-from rope_lm.compare import _from_here, _short, files_given_or_below, read_runs, to_csv
+from rope_lm.compare import _short, files_given_or_below, read_runs, to_csv
 from rope_lm.errors import ConfigError
-from rope_lm.files import atomic_write
+from rope_lm.files import atomic_write, from_here
 from rope_lm.labels import distinct_labels, flat_settings
 from rope_lm.tables import markdown_table
 
@@ -118,7 +118,7 @@ def compare_tasks(paths: list[str], out_dir: str, title: str | None = None) -> d
             table.append([names[r["run_dir"]]] + [fmt_acc(by.get(l)) for l in bucket_labels])
             rows += [{"task": task, "label": names[r["run_dir"]], "scheme": r["scheme"], "method": r["method"],
                       "seed": r.get("seed"),
-                      "train_max": r["train_sizes"][1], "sizes": b["label"], "run_dir": _from_here(r["run_dir"]),
+                      "train_max": r["train_sizes"][1], "sizes": b["label"], "run_dir": from_here(r["run_dir"]),
                       **{c: b.get(c) for c in TASK_COLUMNS if c in b and c not in ("sizes", "label")}} for b in r["buckets"]]
         md += [f"## {task}", "", markdown_table(["run"] + bucket_labels, table), ""]
         if len(train_max) == 1:

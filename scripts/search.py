@@ -30,6 +30,7 @@ CONF_SCALING = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__fi
 def main(cfg):
     from rope_lm import search as S
     from rope_lm.config import typed_dataclass
+    from rope_lm.files import from_here
     from rope_lm.longrope_search import Evolution
     from rope_lm.trained import open_model
 
@@ -88,7 +89,7 @@ def main(cfg):
         atomic_write(installed, text)
     save_json(os.path.join(out, "trials.json"), history)
     _plot(history, os.path.join(out, "trials.png"), method, target, train_len)
-    summary = {"checkpoint": trained.path, "method": method, "target": target, "train_len": train_len,
+    summary = {"checkpoint": from_here(trained.path), "method": method, "target": target, "train_len": train_len,
                "seed": a["seed"], "trials": len(history), "search_seconds": seconds,
                "validation": {"tokens": obj.eval_cfg.token_budget, "best_ppl": best["ppl"],
                               "defaults_ppl": _defaults_ppl(history)},
