@@ -409,11 +409,13 @@ def _documents(model, stream, L, docs: np.ndarray, plan: DocumentPlan, train_len
 
 
 def evaluate_lengths(model, stream: np.ndarray, cfg: EvalConfig, train_len: int, on_result=None,
-                     doc_starts: np.ndarray | None = None) -> list[dict]:
+                     doc_starts: np.ndarray | None = None, units_out: dict | None = None) -> list[dict]:
     """ppl@L for every configured length under cfg.protocol; calls
     on_result(row) for each length in ascending order, as soon as it and every
     shorter length are done. The training length is evaluated first, so that
-    every row carries its PPL relative to it when reported."""
+    every row carries its PPL relative to it when reported. `units_out`, a
+    dict, receives each length's bootstrap units (for paired comparisons of
+    two evaluations on the same windows)."""
     summary = eval_summary(cfg, len(stream), doc_starts, train_len)
     lengths = [L for L in summary["lengths"] if L not in summary.get("skipped_lengths", [])]
     plan = None
@@ -443,6 +445,8 @@ def evaluate_lengths(model, stream: np.ndarray, cfg: EvalConfig, train_len: int,
                 row, units = score(model, stream, L, plan.chosen[L], plan, train_len, cfg.batch_tokens,
                                    cfg.position_buckets, bar.update)
             row = {"protocol": cfg.protocol, **row, "unit": units.kind, "units": len(units)}
+            if units_out is not None:
+                units_out[L] = units
             if cfg.protocol == "documents":
                 row["documents_shared"] = plan.shared
             row.update(bootstrap.intervals(units, cfg.bootstrap, cfg.seed, L))

@@ -146,8 +146,10 @@ def retrieval_rows(paths: list[str]) -> list[dict]:
 
 
 def search_rows(paths: list[str]) -> list[dict]:
-    """(method, target, train_len, label, ppl, ppl_lo, ppl_hi) of every test
-    row of the scripts/search.py results (search.json) named or found below."""
+    """(method, target, train_len, label, ppl, ppl_lo, ppl_hi, paired) of
+    every test row of the scripts/search.py results (search.json) named or
+    found below; paired: the search's "<a> / <b>" test PPL ratios with their
+    paired intervals."""
     from rope_lm.compare import files_given_or_below, read_json_or_note
 
     out = []
@@ -158,7 +160,7 @@ def search_rows(paths: list[str]) -> list[dict]:
             continue
         for label, row in (r.get("test") or {}).items():
             out.append({"method": r["method"], "target": r["target"], "train_len": r["train_len"], "label": label,
-                        **{k: row.get(k) for k in ("ppl", "ppl_lo", "ppl_hi")}})
+                        **{k: row.get(k) for k in ("ppl", "ppl_lo", "ppl_hi")}, "paired": r.get("paired") or {}})
     return out
 
 
@@ -452,12 +454,14 @@ def close_to(claim: dict, rows: list[dict]) -> Verdict:
 
 @rule(("method", "better", "worse"),
       lambda c: f"test PPL of {c['better']} below {c['worse']}'s at every target of the {c['method']} search, "
-                f"beyond the intervals",
+                f"beyond the paired interval of their ratio (else both intervals)",
       rows="search")
 def search_beats(claim: dict, rows: list[dict]) -> Verdict:
     """In every search of `method`, the test PPL of the row `better` (e.g.
     "longrope searched") is below that of `worse` (e.g. "yarn defaults")
-    beyond both intervals, at every target searched."""
+    beyond the noise, at every target searched: the paired interval of their
+    ratio (same windows) below 1 where the search reports it, else both
+    intervals apart."""
     mine = [r for r in rows if r["method"] == claim["method"]]
     targets = sorted({r["target"] for r in mine})
     if not targets:
@@ -472,6 +476,11 @@ def search_beats(claim: dict, rows: list[dict]) -> Verdict:
         pts = {n: {"ppl": r["ppl"], **({"ppl_band": (r["ppl_lo"], r["ppl_hi"])} if r.get("ppl_lo") is not None else {})}
                for n, r in ((claim["better"], b), (claim["worse"], w))}
         parts.append(f"{t} ({t / b['train_len']:g} x L): " + " vs ".join(_shown(n, p, "ppl") for n, p in pts.items()))
+        pair = b.get("paired", {}).get(f"{claim['better']} / {claim['worse']}") or {}
+        if pair.get("lo") is not None and pair.get("hi") is not None:
+            parts[-1] += f", ratio {pair['ratio']:.3f} [{pair['lo']:.3f}, {pair['hi']:.3f}] paired"
+            verdicts.append(MATCHED if pair["hi"] < 1 else NOT_MATCHED if pair["lo"] > 1 else TIED)
+            continue
         if not all("ppl_band" in p for p in pts.values()):
             verdicts.append(NOT_COMPARABLE)
             continue

@@ -164,3 +164,19 @@ def final_config(cfg: EvalConfig, tokens: int, bootstrap: int, seed: int) -> Eva
     out = replace(cfg, split="test", token_budget=tokens, bootstrap=bootstrap, seed=seed, position_buckets=8)
     out.validate()
     return out
+
+
+def paired_ratios(rows: dict, units: dict, resamples: int, seed: int, target: int) -> dict:
+    """"<a> / <b>": {ratio, lo, hi} of test PPLs for each later setting a
+    against each earlier b (none, defaults, searched), the interval from the
+    paired bootstrap over the windows both were scored on: two settings whose
+    own intervals overlap can still differ beyond the noise of the difference."""
+    from rope_lm import bootstrap
+
+    labels, out = list(rows), {}
+    for i, a in enumerate(labels):
+        for b in labels[:i]:
+            ci = bootstrap.ratio_interval(units[a], units[b], resamples, seed, target)
+            out[f"{a} / {b}"] = {"ratio": rows[a]["ppl"] / rows[b]["ppl"], "lo": ci.get("ppl_rel_lo"),
+                                 "hi": ci.get("ppl_rel_hi")}
+    return out

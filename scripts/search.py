@@ -77,12 +77,15 @@ def main(cfg):
     from rope_lm.diagnostics import save_json
 
     final = S.final_config(obj.eval_cfg, a["test_tokens"], a["bootstrap"], a["seed"])
-    rows = {}
+    rows, units = {}, {}
     for label, options in (("none", {"name": "none"}), (f"{reference['name']} defaults", reference),
                            (f"{method} searched", chosen)):
         model.set_scaling(options)
-        rows[label] = evaluate_lengths(model, cache.tokens("test"), final, train_len)[0]
+        got = {}
+        rows[label] = evaluate_lengths(model, cache.tokens("test"), final, train_len, units_out=got)[0]
+        units[label] = got[target]
         log.info("test ppl@%d [%s] = %.3f", target, label, rows[label]["ppl"])
+    paired = S.paired_ratios(rows, units, final.bootstrap, final.seed, target)
     text = _yaml(chosen, trained.path, target, best, len(history))
     atomic_write(os.path.join(out, "best.yaml"), text)
     if installed:
@@ -95,6 +98,7 @@ def main(cfg):
                               "defaults_ppl": _defaults_ppl(history)},
                "best": chosen, "test": {k: {key: v.get(key) for key in ("ppl", "ppl_lo", "ppl_hi", "tokens")}
                                         for k, v in rows.items()},
+               "paired": paired,
                "settings": {k: a[k] for k in ("trials", "longrope", "val_tokens", "test_tokens", "bootstrap")},
                "installed": installed}
     save_json(os.path.join(out, "search.json"), summary)
@@ -203,13 +207,19 @@ def _table(s: dict) -> str:
 
     rows = [[label, cell(r)] for label, r in s["test"].items()]
     tokens = max(r.get("tokens") or 0 for r in s["test"].values())
+    ratios = [f"* {pair}: {r['ratio']:.3f}" + (f" [{r['lo']:.3f}, {r['hi']:.3f}]" if r.get("lo") is not None else "")
+              for pair, r in (s.get("paired") or {}).items()]
     ci = ("95% bootstrap interval over windows" if any(r.get("ppl_lo") is not None for r in s["test"].values())
           else f"no interval: {tokens} test tokens make {tokens // s['target']} window of {s['target']} "
                f"(test_tokens= of at least twice the target gives one)")
     return (f"# {s['method']} settings searched at {s['target']} tokens ({s['target'] / s['train_len']:g} x L)\n\n"
             f"Checkpoint {s['checkpoint']}. {s['trials']} trials, each scoring {s['validation']['tokens']} validation "
             f"tokens; best validation PPL {s['validation']['best_ppl']:.3f}. Test-split PPL at the target, {ci}:\n\n"
-            + markdown_table(["settings", f"test PPL @ {s['target']}"], rows) + "\n")
+            + markdown_table(["settings", f"test PPL @ {s['target']}"], rows) + "\n"
+            + ("\nTest PPL ratios on the same windows, with the 95% interval of the paired bootstrap (each resample "
+               "draws the same windows for both settings, so the interval holds the noise of the difference, not of "
+               "each PPL; below 1 beyond the interval: the first is better):\n\n" + "\n".join(ratios) + "\n"
+               if ratios else ""))
 
 
 if __name__ == "__main__":

@@ -287,11 +287,14 @@ def finetunes(pose: float, half: float = 5.0):
     return rows
 
 
-def search_json(directory, target, rows: dict, method="longrope", train_len=64):
-    """A scripts/search.py search.json: {label: (ppl, lo, hi)} of its test rows."""
+def search_json(directory, target, rows: dict, method="longrope", train_len=64, paired=None):
+    """A scripts/search.py search.json: {label: (ppl, lo, hi)} of its test rows, and its paired ratios
+    {"<a> / <b>": (lo, hi)}."""
     os.makedirs(directory, exist_ok=True)
+    pairs = {k: {"ratio": rows[k.split(" / ")[0]][0] / rows[k.split(" / ")[1]][0], "lo": lo, "hi": hi}
+             for k, (lo, hi) in (paired or {}).items()}
     with open(os.path.join(directory, "search.json"), "w") as f:
-        json.dump({"method": method, "target": target, "train_len": train_len,
+        json.dump({"method": method, "target": target, "train_len": train_len, "paired": pairs,
                    "test": {k: {"ppl": v, "ppl_lo": lo, "ppl_hi": hi, "tokens": 4096} for k, (v, lo, hi) in rows.items()}}, f)
     return str(directory)
 
@@ -487,6 +490,20 @@ def test_search_rule_reads_search_json_at_every_target(tmp_path):
     assert P.search_beats(c, P.search_rows([str(tmp_path / "s")])).verdict == P.NOT_MATCHED
     assert P.search_beats({**c, "method": "self_extend"}, P.search_rows([str(tmp_path / "s")])).verdict == \
         P.NOT_COMPARABLE
+
+
+def test_search_rule_decides_on_the_paired_ratio_where_the_search_reports_one(tmp_path):
+    """Both PPLs' own intervals overlap (the windows' spread), but on the same windows the searched
+    setting is lower on almost every resample: the paired interval of the ratio decides."""
+    c = claim(rule="search_beats", method="longrope", better="longrope searched", worse="yarn defaults")
+    rows = {"yarn defaults": (34.0, 30.0, 38.7), "longrope searched": (32.4, 28.6, 36.9)}
+    pair = "longrope searched / yarn defaults"
+    for (lo, hi), verdict in (((0.93, 0.98), P.MATCHED), ((0.9, 1.01), P.TIED), ((1.01, 1.05), P.NOT_MATCHED)):
+        search_json(tmp_path / "s", 512, rows, paired={pair: (lo, hi)})
+        v = P.search_beats(c, P.search_rows([str(tmp_path / "s")]))
+        assert v.verdict == verdict and f"ratio {32.4 / 34.0:.3f} [{lo:.3f}, {hi:.3f}] paired" in v.ours
+    search_json(tmp_path / "s", 512, rows)  # no paired ratio: the separate intervals overlap
+    assert P.search_beats(c, P.search_rows([str(tmp_path / "s")])).verdict == P.TIED
 
 
 def test_each_below_reads_row_labels():

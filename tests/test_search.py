@@ -142,6 +142,11 @@ def test_a_yarn_search_writes_a_config_that_eval_extrapolation_loads(tiny_ckpt, 
         assert row["ppl_lo"] <= row["ppl"] <= row["ppl_hi"]
     assert (out / "trials.png").stat().st_size > 0 and "yarn searched" in open(out / "search.md").read()
     assert "95% bootstrap interval over windows" in open(out / "search.md").read()
+    test = summary["test"]
+    for a, b in (("yarn defaults", "none"), ("yarn searched", "none"), ("yarn searched", "yarn defaults")):
+        r = summary["paired"][f"{a} / {b}"]
+        assert r["ratio"] == pytest.approx(test[a]["ppl"] / test[b]["ppl"]) and r["lo"] <= r["ratio"] <= r["hi"]
+    assert "yarn searched / yarn defaults" in open(out / "search.md").read()
     # The trials scored the validation split: the winner's validation PPL is measured again there.
     from rope_lm.evaluation import evaluate_lengths
     from rope_lm.trained import checkpoint_cache, open_model
