@@ -18,7 +18,11 @@ The marker names a file (relative to the repository root) and a kind:
   comparison's compare.md has them);
 * ``accuracy``: a compare_retrieval.csv's accuracy per run and length for
   one task (``task=``, default passkey), with the 95% interval over samples;
-* ``md``: a markdown file as it is (e.g. check_published.md).
+* ``md``: a markdown file as it is (e.g. check_published.md);
+* ``search``: the scripts/search.py results (search.json) in a folder, one
+  row per method and target: the test PPL of plain positions, the method's
+  defaults and the searched settings, and searched / defaults on the same
+  windows with its paired interval.
 
 Options after the kind: ``labels=a,b`` picks and orders the runs (compare.csv
 labels), ``group=<slug>`` the group of a multi-group comparison.
@@ -36,11 +40,22 @@ from rope_lm.errors import ConfigError
 from rope_lm.tables import markdown_table
 
 BLOCK = re.compile(r"^<!-- table: (?P<spec>[^>]*?) -->\n(?P<body>.*?)^<!-- end table -->$", re.M | re.S)
-KINDS = ("ppl", "rel", "summary", "accuracy", "md")
+KINDS = ("ppl", "rel", "summary", "accuracy", "md", "search")
 
 
 def _number(v: str):
     return float(v) if v not in ("", None) else None
+
+
+def _pick(labels: list[str], options: dict, lacking: str) -> list[str]:
+    """The labels= option's runs, in its order (all of them without it)."""
+    if "labels" not in options:
+        return labels
+    wanted = options["labels"].split(",")
+    missing = [w for w in wanted if w not in labels]
+    if missing:
+        raise ConfigError(f"{lacking} labelled {', '.join(missing)} (it has: {', '.join(labels)}).")
+    return wanted
 
 
 def _runs(path: str, options: dict) -> tuple[list[str], list[int], dict]:
@@ -49,13 +64,7 @@ def _runs(path: str, options: dict) -> tuple[list[str], list[int], dict]:
     if not rows:
         raise ConfigError(f"{path} has no rows{' in group ' + options['group'] if 'group' in options else ''}: "
                           f"regenerate it with scripts/compare.py, or fix the block's group= option.")
-    labels = list(dict.fromkeys(r["label"] for r in rows))
-    if "labels" in options:
-        wanted = options["labels"].split(",")
-        missing = [w for w in wanted if w not in labels]
-        if missing:
-            raise ConfigError(f"{path} has no run labelled {', '.join(missing)} (it has: {', '.join(labels)}).")
-        labels = wanted
+    labels = _pick(list(dict.fromkeys(r["label"] for r in rows)), options, f"{path} has no run")
     lengths = sorted({int(r["length"]) for r in rows if r["label"] in labels})
     by = {(r["label"], int(r["length"])): r for r in rows}
     return labels, lengths, by
@@ -69,8 +78,11 @@ def render(spec: str, root: str = ".") -> str:
                           f"[labels=a,b] [group=g] -->` with kind one of {', '.join(KINDS)}.")
     path, kind = os.path.join(root, parts[0]), parts[1]
     options = dict(p.split("=", 1) for p in parts[2:])
-    if not os.path.isfile(path):
-        raise ConfigError(f"{parts[0]} (named by a results-page block) does not exist under {os.path.abspath(root)}.")
+    if not (os.path.isdir if kind == "search" else os.path.isfile)(path):
+        raise ConfigError(f"{parts[0]} (named by a results-page block) does not exist under {os.path.abspath(root)}"
+                          f"{' as a folder' if kind == 'search' else ''}.")
+    if kind == "search":
+        return _search(path, parts[0])
     if kind == "md":
         with open(path) as f:
             return f.read().rstrip("\n")
@@ -108,13 +120,8 @@ def _accuracy(path: str, name: str, options: dict) -> str:
     if not rows:
         raise ConfigError(f"{name} has no {task} rows: name the task with task= (the file's tasks are in its "
                           f"`task` column), or regenerate it with scripts/compare.py.")
-    if "labels" in options:
-        by_label = {r["label"]: r for r in rows}
-        missing = [w for w in options["labels"].split(",") if w not in by_label]
-        if missing:
-            raise ConfigError(f"{name} has no {task} run labelled {', '.join(missing)} "
-                              f"(it has: {', '.join(by_label)}).")
-        rows = [by_label[w] for w in options["labels"].split(",")]
+    by_label = {r["label"]: r for r in rows}
+    rows = [by_label[w] for w in _pick(list(by_label), options, f"{name} has no {task} run")]
 
     def by_length(r):
         lengths = [int(v) for v in r["lengths"].split()]
@@ -137,6 +144,36 @@ def _accuracy(path: str, name: str, options: dict) -> str:
 
     return markdown_table(["run"] + [f"{L} ({L / L0:g}×)" for L in lengths],
                           [[label] + [cell(t, L) for L in lengths] for label, t in tables.items()])
+
+
+def _search(path: str, name: str) -> str:
+    import json
+
+    from rope_lm.compare import files_given_or_below
+
+    found = []
+    for p in files_given_or_below([path], "search.json"):
+        with open(p) as f:
+            found.append(json.load(f))
+    if not found:
+        raise ConfigError(f"{name} holds no search.json: copy scripts/search.py's output folders there.")
+
+    def cell(r):
+        return _with_ci(*(r.get(k) for k in ("ppl", "ppl_lo", "ppl_hi"))) if r else _fmt(None)
+
+    rows = []
+    for s in sorted(found, key=lambda s: (s["method"], s["target"])):
+        test = s["test"]
+        searched = next(k for k in test if k.endswith(" searched"))
+        defaults = next(k for k in test if k.endswith(" defaults"))
+        pair = (s.get("paired") or {}).get(f"{searched} / {defaults}") or {}
+        ratio = "–" if not pair else f"{pair['ratio']:.3f}" + (
+            f" [{pair['lo']:.3f}, {pair['hi']:.3f}]" if pair.get("lo") is not None else "")
+        rows.append([s["method"], f"{s['target']} ({s['target'] / s['train_len']:g}×)", cell(test.get("none")),
+                     f"{defaults.split()[0]}: {cell(test[defaults])}", cell(test[searched]), ratio,
+                     str(s["trials"])])
+    return markdown_table(["method", "target", "none", "defaults", "searched", "searched / defaults (paired)",
+                           "trials"], rows)
 
 
 def regenerate(text: str, root: str = ".") -> tuple[str, list[str]]:

@@ -53,6 +53,26 @@ def test_an_accuracy_block_is_the_hand_written_table(tmp_path):
         render(f"{path} accuracy task=qa1")
 
 
+def test_a_search_block_is_the_hand_written_table(tmp_path):
+    from tests.test_published import search_json
+
+    search_json(tmp_path / "s" / "x16", 1024, {"none": (72.0, 60.0, 86.0), "yarn defaults": (44.0, 37.0, 52.0),
+                                                "longrope searched": (41.0, 35.0, 49.0)},
+                paired={"longrope searched / yarn defaults": (0.91, 0.95)})
+    search_json(tmp_path / "s" / "x8", 512, {"yarn defaults": (34.0, 30.0, 38.0), "longrope searched": (32.0, 28.0, 37.0)})
+    for s in ("x16", "x8"):  # search.json's trial count
+        p = tmp_path / "s" / s / "search.json"
+        p.write_text(p.read_text().replace('"method"', '"trials": 30, "method"'))
+    assert render(f"{tmp_path / 's'} search") == (
+        "| method | target | none | defaults | searched | searched / defaults (paired) | trials |\n"
+        "|---|---|---|---|---|---|---|\n"
+        "| longrope | 512 (8×) | – | yarn: 34.00 [30.00, 38.00] | 32.00 [28.00, 37.00] | – | 30 |\n"
+        f"| longrope | 1024 (16×) | 72.00 [60.00, 86.00] | yarn: 44.00 [37.00, 52.00] | 41.00 [35.00, 49.00] | "
+        f"{41 / 44:.3f} [0.910, 0.950] | 30 |")
+    with pytest.raises(ConfigError, match="as a folder"):
+        render(f"{tmp_path / 'nowhere'} search")
+
+
 def test_a_changed_csv_makes_its_block_stale_and_regenerating_mends_it(tmp_path):
     csv = small(tmp_path)
     page = f"text\n\n<!-- table: {csv} ppl -->\n{render(csv + ' ppl')}\n<!-- end table -->\n\nmore\n"
@@ -64,7 +84,7 @@ def test_a_changed_csv_makes_its_block_stale_and_regenerating_mends_it(tmp_path)
 
 
 @pytest.mark.parametrize("spec, words", [
-    ("docs/results/pe_pg19_6000/compare.csv", "kind one of ppl, rel, summary, accuracy, md"),
+    ("docs/results/pe_pg19_6000/compare.csv", "kind one of ppl, rel, summary, accuracy, md, search"),
     ("docs/results/nowhere/compare.csv ppl", "does not exist"),
     ("docs/results/pe_pg19_6000/compare.csv ppl labels=rope,xpos", "has no run labelled xpos"),
 ])
