@@ -86,7 +86,7 @@ def main(cfg):
         units[label] = got[target]
         log.info("test ppl@%d [%s] = %.3f", target, label, rows[label]["ppl"])
     paired = S.paired_ratios(rows, units, final.bootstrap, final.seed, target)
-    text = _yaml(chosen, trained.path, target, best, len(history))
+    text = _yaml(chosen, from_here(trained.path), target, best, len(history))
     atomic_write(os.path.join(out, "best.yaml"), text)
     if installed:
         atomic_write(installed, text)

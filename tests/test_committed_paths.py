@@ -24,5 +24,5 @@ def test_committed_results_hold_no_absolute_paths():
     absolute = re.compile(r"(^|[,;\s\"'(`])/(work|tmp|home|root|Users)/")
     found = [f"{os.path.relpath(p, ROOT)}:{i}" for p in glob.glob(os.path.join(ROOT, "docs", "results", "**", "*"),
                                                                   recursive=True)
-             if p.endswith((".csv", ".json", ".md")) for i, line in enumerate(open(p), 1) if absolute.search(line)]
+             if p.endswith((".csv", ".json", ".md", ".yaml")) for i, line in enumerate(open(p), 1) if absolute.search(line)]
     assert not found, f"absolute paths in committed results: {found[:5]}"
