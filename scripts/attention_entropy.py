@@ -23,6 +23,7 @@ def main(cfg):
 
     from rope_lm import diagnostics as D
     from rope_lm.trained import open_model
+    from rope_lm.files import from_here
 
     log_to_stderr()
     a = OmegaConf.to_container(cfg, resolve=True)
@@ -43,7 +44,7 @@ def main(cfg):
     windows = torch.from_numpy(stream[: n * T].astype("int64")).view(n, T)
     result = D.attention_entropy(model, windows, train_len, buckets=a["buckets"])
     method = getattr(model.scaling, "label", model.scaling.name)
-    result.update(checkpoint=trained.path, source=trained.source, scheme=model.pos_scheme.name, method=method,
+    result.update(checkpoint=from_here(trained.path), source=trained.source, scheme=model.pos_scheme.name, method=method,
                   split=a["split"])
     out = D.make_output_dir(a["out"], trained.path, "attention_entropy", scaling)
     D.save_json(os.path.join(out, "attention_entropy.json"), result)

@@ -97,7 +97,9 @@ def main(cfg):
             print(" ⟨model⟩ ", end="")
         print(g.text)
     if a["out"]:
-        write_json(a["out"], {"checkpoint": trained.path, "source": trained.source, "scheme": model.pos_scheme.name,
+        from rope_lm.files import from_here
+
+        write_json(a["out"], {"checkpoint": from_here(trained.path), "source": trained.source, "scheme": model.pos_scheme.name,
                               "method": method, "train_len": train_len,
                               "settings": {k: a[k] for k in ("max_new_tokens", "temperature", "top_k", "top_p", "seed",
                                                              "stop", "prompt_tokens")},

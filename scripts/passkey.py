@@ -27,6 +27,7 @@ def main(cfg):
     from rope_lm import diagnostics as D
     from rope_lm import passkey as P
     from rope_lm.trained import open_model
+    from rope_lm.files import from_here
 
     log_to_stderr()
     a = OmegaConf.to_container(cfg, resolve=True)
@@ -51,7 +52,7 @@ def main(cfg):
     result = P.evaluate_passkey(model, tokenizer, lengths, a["depths"], a["samples"], a["seed"], a["instructions"],
                                 a["batch_size"], on_cell=report)
     method = getattr(model.scaling, "label", model.scaling.name)
-    result.update(checkpoint=trained.path, source=trained.source, scheme=model.pos_scheme.name, method=method, train_len=train_len)
+    result.update(checkpoint=from_here(trained.path), source=trained.source, scheme=model.pos_scheme.name, method=method, train_len=train_len)
     out = D.make_output_dir(a["out"], trained.path, "passkey", scaling)
     D.save_json(os.path.join(out, "passkey.json"), result)
     P.plot_passkey(result, os.path.join(out, "passkey.png"), train_len,

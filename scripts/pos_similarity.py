@@ -26,6 +26,7 @@ MAX_JSON_SIDE = 256  # the JSON keeps the matrix subsampled to at most this many
 def main(cfg):
     from rope_lm import diagnostics as D
     from rope_lm.trained import open_model
+    from rope_lm.files import from_here
 
     args = OmegaConf.to_container(cfg, resolve=True)
     if args["positions"] is not None and args["positions"] < 2:
@@ -41,7 +42,7 @@ def main(cfg):
         method = getattr(model.scaling, "label", model.scaling.name)
         title = f"{model.pos_scheme.name} ({method}), trained at {train_len}"
         panels.append({"title": title, "matrix": sim, "train_len": train_len})
-        summary["checkpoint"] = {"path": trained.path, "source": trained.source, "scheme": model.pos_scheme.name, "method": method,
+        summary["checkpoint"] = {"path": from_here(trained.path), "source": trained.source, "scheme": model.pos_scheme.name, "method": method,
                                  "train_len": train_len, **_summary(D, sim, train_len)}
         dim = model.cfg.d_model
     else:

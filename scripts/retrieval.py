@@ -33,7 +33,7 @@ def main(cfg):
     from rope_lm import diagnostics as D
     from rope_lm import passkey as P
     from rope_lm import retrieval as R
-    from rope_lm.files import atomic_write
+    from rope_lm.files import atomic_write, from_here
     from rope_lm.trained import open_model
 
     log_to_stderr()
@@ -99,12 +99,12 @@ def main(cfg):
                        f"cell); effective length {R.effective_label(r['effective'])}")
     table = R.summary_table(results, train_len, summary)
     head = (f"# Retrieval battery — {scheme} + {method}, trained at {train_len}\n\n"
-            f"Checkpoint {trained.path}; haystack {a['haystack']}; scoring {a['scoring']}; {a['samples']} samples "
+            f"Checkpoint {from_here(trained.path)}; haystack {a['haystack']}; scoring {a['scoring']}; {a['samples']} samples "
             f"per length x depth cell, "
             f"depths {a['depths']}; accuracy over all depths, 95% bootstrap interval over samples.\n\n")
     atomic_write(os.path.join(out, "retrieval.md"), head + table + "\n\n" + R.threshold_note(summary) + "\n")
     D.save_json(os.path.join(out, "retrieval.json"), {
-        "checkpoint": trained.path, "source": trained.source, "scheme": scheme,
+        "checkpoint": from_here(trained.path), "source": trained.source, "scheme": scheme,
         "method": method, "train_len": train_len, "haystack": a["haystack"], "scoring": a["scoring"],
         "needles": a["needles"],
         "seed": a["seed"], "split": a["split"], "effective": summary, "tasks": results})
