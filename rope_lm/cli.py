@@ -40,11 +40,23 @@ def register_resolvers() -> None:
     ${layout_tag:<layout>,<softmax>}: a layout's name and the softmax options
     beside the scheme's;
     ${train_tag:${train_pos}}: "" for plain training positions, else "-" and
-    the method's label, so a run folder names how its ids were drawn."""
+    the method's label, so a run folder names how its ids were drawn;
+    ${div:${data.seq_len},4}: whole-number division, so a setting that is a
+    length (a layer's window) can be written relative to the training length."""
     OmegaConf.register_new_resolver("run_id", _run_id, replace=True)
     # ${layout_tag:${oc.select:model.layout,null}}: "+<layout name>" in run folder names, "" without a layout.
     OmegaConf.register_new_resolver("layout_tag", _layout_tag, replace=True)
     OmegaConf.register_new_resolver("train_tag", _train_tag, replace=True)
+    OmegaConf.register_new_resolver("div", _div, replace=True)
+
+
+def _div(a, b) -> int:
+    from rope_lm.errors import ConfigError
+
+    if not (isinstance(a, int) and isinstance(b, int) and a > 0 and b > 0 and a >= b):
+        raise ConfigError(f"${{div:{a},{b}}} divides a length by a whole number: give two positive integers, the "
+                          f"first at least the second (e.g. ${{div:${{data.seq_len}},4}}).")
+    return a // b
 
 
 def _layout_tag(layout, softmax=None) -> str:

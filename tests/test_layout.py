@@ -171,3 +171,30 @@ def test_presets_build_and_a_layout_run_trains_and_evaluates(tiny_data_options, 
         results = __import__("json").load(f)
     assert results["config"]["model"]["layout"]["name"] == "nope_every_4"
     assert results["scheme"] == "rope+nope_every_4"  # compare.py's row name
+
+
+def test_the_layouts_preset_sets_windows_relative_to_the_training_length():
+    """local_global's windows are L, local_global_short's L/4, resolved from data.seq_len where the
+    config is composed (so the study run at another L keeps its proportions)."""
+    from rope_lm.cli import register_resolvers
+    from tests.test_compare import compose
+
+    register_resolvers()
+    _, sweep = compose(["+experiment=layouts"])
+    arms = sweep["experiment/layout_arm@_global_"].split(",")
+    assert {"local_global", "local_global_short"} <= set(arms)
+    for L in (64, 256):
+        windows = {arm: [e.get("window") for e in compose(["+experiment=layouts", f"experiment/layout_arm@_global_={arm}",
+                                                            f"data.seq_len={L}"])[0]["model"]["layout"]["pattern"]]
+                   for arm in ("local_global", "local_global_short")}
+        assert windows == {"local_global": [L, L, L, None], "local_global_short": [L // 4] * 3 + [None]}
+
+
+def test_div_refuses_what_is_not_a_length_divided_by_a_whole_number():
+    from rope_lm.cli import _div
+    from rope_lm.errors import ConfigError
+
+    assert _div(64, 4) == 16
+    for a, b in ((64, 0), (3, 4), (64.0, 4), ("64", 4)):
+        with pytest.raises(ConfigError, match="divides a length"):
+            _div(a, b)
