@@ -50,6 +50,9 @@ def main(cfg):
     except RopeLMError as e:
         record_failure(out_dir, config, e, folder)
         raise
+    finally:
+        if folder is not None:  # a multirun's next job goes on in this process: its folder is free again
+            folder.release()
     md = os.path.join(out_dir, RESULTS_MD)
     if os.path.exists(md):
         print("\n" + open(md).read())
