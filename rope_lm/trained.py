@@ -47,6 +47,16 @@ class Trained:
         return self.lit.model.cfg.train_len
 
     @property
+    def scheme(self) -> str:
+        """The scheme as the run's results.json names it: the positional scheme with a layout's and the
+        softmax options' tags (rope+nope_every_4, rope+ssmax), so a diagnostic's rows match the run's."""
+        from rope_lm.layout import scheme_label
+
+        hp = self.hparams
+        model = hp.get("model")
+        return scheme_label(dict(hp["pos"]), dict(model) if isinstance(model, dict) else None)
+
+    @property
     def imported(self) -> bool:
         return self.path.startswith(HF)
 

@@ -44,12 +44,12 @@ def main(cfg):
     windows = torch.from_numpy(stream[: n * T].astype("int64")).view(n, T)
     result = D.attention_entropy(model, windows, train_len, buckets=a["buckets"])
     method = getattr(model.scaling, "label", model.scaling.name)
-    result.update(checkpoint=from_here(trained.path), source=trained.source, scheme=model.pos_scheme.name, method=method,
+    result.update(checkpoint=from_here(trained.path), source=trained.source, scheme=trained.scheme, method=method,
                   split=a["split"])
     out = D.make_output_dir(a["out"], trained.path, "attention_entropy", scaling)
     D.save_json(os.path.join(out, "attention_entropy.json"), result)
     D.plot_entropy(result, os.path.join(out, "attention_entropy.png"),
-                   f"Attention entropy vs query position — {model.pos_scheme.name} + {method}, trained at {train_len}, "
+                   f"Attention entropy vs query position — {trained.scheme} + {method}, trained at {train_len}, "
                    f"windows of {T}")
     print(f"{'layer':>5} {'within L_train':>15} {'past L_train':>13} {'norm. within':>13} {'norm. past':>11}")
     fmt = lambda v: "–" if v is None else f"{v:.3f}"  # noqa: E731

@@ -48,7 +48,9 @@ def main(cfg):
         others = True
     if others and not has_results(paths):
         return
-    summary = compare(paths, a["out"], group=a["group"], title=a["title"])
+    # Folders of task or retrieval runs given beside the perplexity runs are theirs, not missing results.
+    ppl_paths = [p for p in paths if has_results([p])] if others else paths
+    summary = compare(ppl_paths, a["out"], group=a["group"], title=a["title"])
     print(open(summary["files"]["markdown"]).read())
     print(f"Comparison: {summary['out_dir']}/ (compare.md, compare.csv, ppl_vs_length*.png, per_position*.png)")
     if a["wandb"]:

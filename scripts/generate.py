@@ -81,7 +81,7 @@ def main(cfg):
                                   else [a["stop_tokens"]])
     method = getattr(model.scaling, "label", model.scaling.name)
     log.info("%s (%s + %s, trained at %d): %s prompt(s) of %s tokens, up to %d new", trained.source,
-             model.pos_scheme.name, method, train_len, len(prompts), ", ".join(str(len(p)) for p in prompts),
+             trained.scheme, method, train_len, len(prompts), ", ".join(str(len(p)) for p in prompts),
              a["max_new_tokens"])
     out = generate(model, prompts, a["max_new_tokens"], temperature=a["temperature"], top_k=a["top_k"],
                    top_p=a["top_p"], seed=a["seed"], stop_tokens=stop_ids, stop_strings=stops, tokenizer=tokenizer,
@@ -99,7 +99,7 @@ def main(cfg):
     if a["out"]:
         from rope_lm.files import from_here
 
-        write_json(a["out"], {"checkpoint": from_here(trained.path), "source": trained.source, "scheme": model.pos_scheme.name,
+        write_json(a["out"], {"checkpoint": from_here(trained.path), "source": trained.source, "scheme": trained.scheme,
                               "method": method, "train_len": train_len,
                               "settings": {k: a[k] for k in ("max_new_tokens", "temperature", "top_k", "top_p", "seed",
                                                              "stop", "prompt_tokens")},

@@ -52,11 +52,11 @@ def main(cfg):
     result = P.evaluate_passkey(model, tokenizer, lengths, a["depths"], a["samples"], a["seed"], a["instructions"],
                                 a["batch_size"], on_cell=report)
     method = getattr(model.scaling, "label", model.scaling.name)
-    result.update(checkpoint=from_here(trained.path), source=trained.source, scheme=model.pos_scheme.name, method=method, train_len=train_len)
+    result.update(checkpoint=from_here(trained.path), source=trained.source, scheme=trained.scheme, method=method, train_len=train_len)
     out = D.make_output_dir(a["out"], trained.path, "passkey", scaling)
     D.save_json(os.path.join(out, "passkey.json"), result)
     P.plot_passkey(result, os.path.join(out, "passkey.png"), train_len,
-                   f"Passkey accuracy — {model.pos_scheme.name} + {method}, trained at {train_len} ({a['samples']} per cell)")
+                   f"Passkey accuracy — {trained.scheme} + {method}, trained at {train_len} ({a['samples']} per cell)")
     print("depth \\ length " + " ".join(f"{L:>7}" for L in lengths))
     for j, d in enumerate(a["depths"]):
         print(f"{d:>14g} " + " ".join(f"{result['accuracy'][i][j]:>7.0%}" for i in range(len(lengths))))

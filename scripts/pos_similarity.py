@@ -40,9 +40,9 @@ def main(cfg):
         n = args["positions"] or 4 * train_len
         sim = D.cosine_similarity_matrix(D.checkpoint_position_table(model, n))
         method = getattr(model.scaling, "label", model.scaling.name)
-        title = f"{model.pos_scheme.name} ({method}), trained at {train_len}"
+        title = f"{trained.scheme} ({method}), trained at {train_len}"
         panels.append({"title": title, "matrix": sim, "train_len": train_len})
-        summary["checkpoint"] = {"path": from_here(trained.path), "source": trained.source, "scheme": model.pos_scheme.name, "method": method,
+        summary["checkpoint"] = {"path": from_here(trained.path), "source": trained.source, "scheme": trained.scheme, "method": method,
                                  "train_len": train_len, **_summary(D, sim, train_len)}
         dim = model.cfg.d_model
     else:

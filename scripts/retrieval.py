@@ -91,7 +91,7 @@ def main(cfg):
                          a["scoring"], a["batch_size"], a["bootstrap"], on_cell=report, done=done)
     summary = R.add_effective(results, threshold, relative, train_len)
     method = getattr(model.scaling, "label", model.scaling.name)
-    scheme = model.pos_scheme.name
+    scheme = trained.scheme
     out = folder[0] if folder else D.make_output_dir(a["out"], trained.path, "retrieval", scaling)
     for name, r in results.items():
         P.plot_passkey(r, os.path.join(out, f"retrieval_{name}.png"), train_len,

@@ -498,3 +498,16 @@ def test_each_run_is_read_against_the_window_control(tmp_path):
     assert "| rope | tied (0.97 vs 0.96) | no (2.00 vs 0.96) |" in section
     alone = compare(runs[:1] + runs[2:], str(tmp_path / "out2"))
     assert "window-L control" not in open(alone["files"]["markdown"]).read()  # no control, no section
+
+
+def test_one_command_compares_perplexity_runs_and_a_folder_of_retrieval_runs(tmp_path):
+    """A sweep and a folder holding only retrieval.json files: both comparisons are written; the
+    retrieval folder is not a perplexity run missing its results."""
+    from tests.test_diagnostics import run_script
+    from tests.test_published import retrieval_json
+
+    write_run(tmp_path / "sweep" / "0_rope")
+    retrieval_json(tmp_path / "battery" / "0_rope", "none", {64: 1.0, 128: 0.5}, train_len=64)
+    out = tmp_path / "cmp"
+    run_script("compare.py", f"paths=[{tmp_path / 'sweep'},{tmp_path / 'battery'}]", f"out={out}")
+    assert {"compare.csv", "compare_retrieval.csv"} <= set(os.listdir(out))

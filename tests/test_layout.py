@@ -198,3 +198,17 @@ def test_div_refuses_what_is_not_a_length_divided_by_a_whole_number():
     for a, b in ((64, 0), (3, 4), (64.0, 4), ("64", 4)):
         with pytest.raises(ConfigError, match="divides a length"):
             _div(a, b)
+
+
+def test_a_trained_layout_model_is_named_as_its_run_names_it():
+    """Diagnostics (retrieval.json, passkey.json, ...) name a checkpoint's scheme as its results.json
+    does, so a comparison's rows match the run's: rope+nope_every_4, not rope."""
+    from types import SimpleNamespace
+
+    from rope_lm.trained import Trained
+
+    layout = {"name": "nope_every_4", "pattern": [None, None, None, {"pos": {"name": "nope"}}]}
+    for model, name in (({"layout": layout}, "rope+nope_every_4"), ({"softmax": {"ssmax": {"init": "auto"}}}, "rope+ssmax"),
+                        ({}, "rope"), (None, "rope")):
+        lit = SimpleNamespace(hparams={"pos": {"name": "rope", "base": 10000.0}, "model": model})
+        assert Trained(lit, "run", "/x/last.ckpt").scheme == name
