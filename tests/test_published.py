@@ -151,7 +151,7 @@ def test_script_prints_and_writes_the_table(tmp_path):
     done = forked.run([sys.executable, os.path.join(ROOT, "scripts", "check_published.py"),
                        f"studies.pe_extrapolation=[{folder}]", f"studies.pe_with_window_control=[{folder}]",
                        "studies.rope_scaling=[]", "studies.real_model=[]", "studies.real_model_retrieval=[]",
-                       "studies.train_positions=[]", "studies.search_longrope=[]", "studies.rope_base=[]",
+                       "studies.train_positions=[]", "studies.search_longrope=[]", "studies.rope_base=[]", "studies.layouts=[]",
                        f"studies.length_generalization=[{tmp_path / 'none'}]", f"out={tmp_path / 'out'}"],
                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
