@@ -40,9 +40,10 @@ def _threshold(r: dict) -> str:
 
 
 def retrieval_labels(runs: list[dict]) -> dict[str, str]:
-    """run_dir -> scheme (+ method), told apart by their folders where they clash."""
-    entries = [(0, r["scheme"] + ("" if r["method"] == "none" else f" + {r['method']}"), {}, r["run_dir"])
-               for r in runs]
+    """run_dir -> scheme ([train: its training-time position method]) (+ method), as compare.py names
+    the same runs; told apart by their folders where they clash."""
+    entries = [(0, r["scheme"] + ("" if r.get("train_pos", "none") == "none" else f" [train: {r['train_pos']}]")
+                + ("" if r["method"] == "none" else f" + {r['method']}"), {}, r["run_dir"]) for r in runs]
     return dict(zip((r["run_dir"] for r in runs), distinct_labels(entries)))
 
 

@@ -47,6 +47,13 @@ class Trained:
         return self.lit.model.cfg.train_len
 
     @property
+    def train_positions(self) -> str:
+        """How training drew its position ids, as compare.py labels it (none, pose-x16, randomized-x16)."""
+        from rope_lm.train_positions import train_positions_label
+
+        return train_positions_label(self.hparams.get("train_pos"))
+
+    @property
     def scheme(self) -> str:
         """The scheme as the run's results.json names it: the positional scheme with a layout's and the
         softmax options' tags (rope+nope_every_4, rope+ssmax), so a diagnostic's rows match the run's."""

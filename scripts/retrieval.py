@@ -105,7 +105,7 @@ def main(cfg):
     atomic_write(os.path.join(out, "retrieval.md"), head + table + "\n\n" + R.threshold_note(summary) + "\n")
     D.save_json(os.path.join(out, "retrieval.json"), {
         "checkpoint": from_here(trained.path), "source": trained.source, "scheme": scheme,
-        "method": method, "train_len": train_len, "haystack": a["haystack"], "scoring": a["scoring"],
+        "train_pos": trained.train_positions, "method": method, "train_len": train_len, "haystack": a["haystack"], "scoring": a["scoring"],
         "needles": a["needles"],
         "seed": a["seed"], "split": a["split"], "effective": summary, "tasks": results})
     print("\n" + table)

@@ -212,3 +212,16 @@ def test_a_trained_layout_model_is_named_as_its_run_names_it():
                         ({}, "rope"), (None, "rope")):
         lit = SimpleNamespace(hparams={"pos": {"name": "rope", "base": 10000.0}, "model": model})
         assert Trained(lit, "run", "/x/last.ckpt").scheme == name
+
+
+def test_a_run_trained_on_other_position_ids_is_named_as_compare_names_it():
+    from rope_lm.retrieval_compare import retrieval_labels
+    from rope_lm.trained import Trained
+    from types import SimpleNamespace
+
+    lit = SimpleNamespace(hparams={"pos": {"name": "rope"}, "model": {}, "train_pos": {"name": "pose", "factor": 16}})
+    pose = Trained(lit, "run", "/x/last.ckpt").train_positions
+    assert pose == "pose-x16"
+    runs = [{"scheme": "rope", "method": "pi-x32", "train_pos": pose, "run_dir": "a"},
+            {"scheme": "rope", "method": "none", "run_dir": "b"}]  # a retrieval.json from before train_pos was recorded
+    assert retrieval_labels(runs) == {"a": "rope [train: pose-x16] + pi-x32", "b": "rope"}
