@@ -29,7 +29,7 @@ import re
 
 from rope_lm.errors import ConfigError
 from rope_lm.files import atomic_write, from_here, save_figure
-from rope_lm.labels import NOT_A_SETTING, distinct_labels, flat_settings
+from rope_lm.labels import NOT_A_SETTING, distinct_labels, flat_settings, run_name
 from rope_lm.report import RESULTS_JSON, log_binned
 from rope_lm.run_settings import settings_key
 from rope_lm.sweep import job_dirs, sweep_jobs
@@ -400,8 +400,7 @@ def _label(g: Group):
     """scheme ([train: its training-time position method]) (+ method unless
     direct); where two series would share a name, the settings their runs
     differ in, else their folders (rope_lm.labels)."""
-    bases = [s.scheme + ("" if s.train_pos == "none" else f" [train: {s.train_pos}]")
-             + ("" if s.method == "none" else f" + {s.method}") for s in g.series]
+    bases = [run_name(s.scheme, s.method, s.train_pos) for s in g.series]
     entries = [(0, base, s.flat_config, s.run_dir) for base, s in zip(bases, g.series)]
     for s, label in zip(g.series, distinct_labels(entries)):
         s.label = label

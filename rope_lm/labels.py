@@ -15,6 +15,13 @@ NOT_A_SETTING = BOOKKEEPING | TASK_BOOKKEEPING | {"seed"}
 NOT_A_NAME = ("ckpt_path", "init_from", "existing", "data.tokenizer_file")
 
 
+def run_name(scheme: str, method: str = "none", train_pos: str = "none") -> str:
+    """A run's row name before any clash is resolved: scheme, then [train: <its
+    training-time position method>], then + <evaluation method> (neither when none)."""
+    return scheme + ("" if train_pos == "none" else f" [train: {train_pos}]") + \
+        ("" if method == "none" else f" + {method}")
+
+
 def flat_settings(config: dict | None) -> dict:
     """A results file's config as dotted keys, without NOT_A_SETTING."""
     return flatten(without(config or {}, NOT_A_SETTING))

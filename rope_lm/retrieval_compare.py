@@ -9,7 +9,7 @@ from rope_lm.compare import _short, files_given_or_below, read_runs, to_csv
 from rope_lm.effective_length import effective_label
 from rope_lm.errors import ConfigError
 from rope_lm.files import atomic_write, from_here
-from rope_lm.labels import distinct_labels
+from rope_lm.labels import distinct_labels, run_name
 from rope_lm.tables import markdown_table
 
 RETRIEVAL_JSON = "retrieval.json"
@@ -42,8 +42,7 @@ def _threshold(r: dict) -> str:
 def retrieval_labels(runs: list[dict]) -> dict[str, str]:
     """run_dir -> scheme ([train: its training-time position method]) (+ method), as compare.py names
     the same runs; told apart by their folders where they clash."""
-    entries = [(0, r["scheme"] + ("" if r.get("train_pos", "none") == "none" else f" [train: {r['train_pos']}]")
-                + ("" if r["method"] == "none" else f" + {r['method']}"), {}, r["run_dir"]) for r in runs]
+    entries = [(0, run_name(r["scheme"], r["method"], r.get("train_pos", "none")), {}, r["run_dir"]) for r in runs]
     return dict(zip((r["run_dir"] for r in runs), distinct_labels(entries)))
 
 
