@@ -100,7 +100,7 @@ def flex_usable(scheme, device: torch.device, needs_grad: bool) -> bool:
     if not flex_supported(scheme) or device.type in getattr(scheme, "flex_failed_on", ()):
         return False
     # torch raises NotImplementedError for flex backward on CPU.
-    return not (needs_grad and device.type == "cpu")
+    return not (needs_grad and (device.type == "cpu" or not scheme.flex_trains))
 
 
 def _base_score_mod():

@@ -204,6 +204,21 @@ class LitLM(L.LightningModule):
         opt, sched = build_optimizer(self.model, self.optim, self.max_steps, self._keep_listed_decay)
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
+    def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None):
+        # Lightning refuses to clip for a fused optimizer under every mixed precision, because fp16's loss
+        # scaler would unscale inside step(). bf16 has no scaler, so the gradients are the true ones and the
+        # base precision plugin clips them; without this, CUDA's defaults (bf16-mixed, fused AdamW,
+        # gradient_clip_val 1.0) stopped at the first step (seen on an H200, docs/benchmarks.md).
+        from lightning.pytorch.plugins.precision import MixedPrecision, Precision
+        from lightning.pytorch.utilities import GradClipAlgorithmType
+
+        plugin = self.trainer.precision_plugin
+        if gradient_clip_val and type(plugin) is MixedPrecision and plugin.scaler is None:
+            algorithm = GradClipAlgorithmType(gradient_clip_algorithm or GradClipAlgorithmType.NORM)
+            Precision.clip_gradients(plugin, optimizer, gradient_clip_val, algorithm)
+            return
+        self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
+
 
 class TrainingLoss(torch.nn.Module):
     """The training loss as a module of its own, so that a sharded run's root

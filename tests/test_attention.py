@@ -179,6 +179,10 @@ def test_kernel_choice():
     assert choose_kernel("auto", alibi, plain, cpu) == "sdpa"
     assert choose_kernel("flex", alibi, plain, cpu, needs_grad=False) == "flex"
     assert choose_kernel("flex", alibi, plain, cpu, needs_grad=True) == "sdpa"  # torch: no flex backward on CPU
+    fire = make_scheme("fire")  # inductor cannot compile its score_mod's backward: trains through SDPA
+    assert choose_kernel("auto", fire, plain, cuda, needs_grad=True) == "sdpa"
+    assert choose_kernel("auto", fire, plain, cuda, needs_grad=False) == "flex"
+    assert choose_kernel("auto", alibi, plain, cuda, needs_grad=True) == "flex"
     assert choose_kernel("explicit", alibi, plain, cuda) == "explicit"
     assert choose_kernel("auto", alibi, two_pass, cuda) == "explicit"
     no_mod = BiasWithoutScoreMod(DIMS)

@@ -97,3 +97,39 @@ def test_a_learned_run_from_before_the_table_left_weight_decay_resumes_with_its_
     fresh = LitLM(model=TINY_MODEL, pos={"name": "learned"}, scaling={"name": "none"}, optim={}, vocab_size=64,
                   train_len=16, max_steps=4)
     assert [len(g["params"]) for g in fresh.configure_optimizers()["optimizer"].param_groups] == new
+
+
+class GradNorms(__import__("lightning").Callback):
+    """The gradient norm the optimizer stepped with (after clipping; Lightning zeroes gradients at the
+    start of the next step's closure)."""
+
+    def __init__(self):
+        self.norms = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        grads = [p.grad for p in pl_module.parameters() if p.grad is not None]
+        self.norms.append(float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.float()) for g in grads]))))
+
+
+def test_fused_adamw_trains_under_bf16_mixed_with_gradient_clipping(tmp_path):
+    """The CUDA default (bf16-mixed, fused AdamW, trainer.gradient_clip_val 1.0): Lightning refuses to clip
+    for a fused optimizer under any mixed precision (fp16's scaler would unscale inside step()); bf16 has
+    no scaler, so LitLM clips there itself. Found on an H200 (docs/benchmarks.md "GPU rows"); reproduced
+    here on CPU, where fused AdamW and bf16 autocast run too."""
+    import lightning as L
+
+    from rope_lm.lit import LitLM
+    from tests.conftest import TINY_MODEL
+
+    torch.manual_seed(0)
+    x = torch.randint(0, 64, (24, 17))
+    batches = torch.utils.data.DataLoader(list(zip(x[:, :-1], x[:, 1:])), batch_size=4)
+    lit = LitLM(model=TINY_MODEL, pos={"name": "rope"}, scaling={"name": "none"},
+                optim={"warmup_steps": 0, "lr": 0.5, "fused": True}, vocab_size=64, train_len=16, max_steps=4)
+    norms = GradNorms()
+    trainer = L.Trainer(max_steps=4, precision="bf16-mixed", gradient_clip_val=0.01, logger=False,
+                        callbacks=[norms], enable_checkpointing=False, enable_progress_bar=False,
+                        enable_model_summary=False, accelerator="cpu", devices=1)
+    trainer.fit(lit, batches)
+    assert lit.trainer.optimizers[0].defaults["fused"] is True
+    assert len(norms.norms) == 4 and all(n <= 0.01 * (1 + 1e-3) for n in norms.norms), norms.norms

@@ -63,6 +63,11 @@ class PositionalScheme(nn.Module):
     rotary: RotarySpec | None = None  # set by schemes that rotate Q and K with RoPE frequencies
     table_rows: int | None = None  # set by schemes whose positions index a trained table of this many rows
     has_bias: bool = False  # implements bias() (and, for flex attention, score_mod())
+    # Whether compiled flex attention can train the scheme. Inductor refuses the backward of a score_mod
+    # that reads one learned tensor at several indices (FIRE's unrolled MLP), and only at the first
+    # backward, past where a failed compile can fall back (torch 2.11 on an H200, docs/benchmarks.md);
+    # such a scheme trains through SDPA with its bias as the mask and uses flex at inference.
+    flex_trains: bool = True
     has_content_terms: bool = False  # implements content_scores() and/or value_term()
     # distance_bias() returns the same table for every layer (cached once per forward).
     distance_bias_shared: bool = False

@@ -44,6 +44,7 @@ class FireLayer(nn.Module):
 @SCHEMES.register("fire")
 class Fire(PairwiseBias):
     distance_only = False  # the normaliser reads the query's own position
+    flex_trains = False  # its score_mod reads w1, b1 and w2 once per hidden unit
 
     def __init__(self, dims, mlp_width: int = 32, init_c: float = 0.1, init_L: float | None = None):
         super().__init__(dims)
