@@ -20,9 +20,11 @@ import torch.nn.attention.flex_attention  # noqa: F401 (patched on CPU below)
 from rope_lm import attention
 from rope_lm.attention import AttnPlan, attend, explicit_attention
 from rope_lm.kv_cache import KVCache
-from rope_lm.positional import SCHEMES, Dims, PosContext, build_scheme
+from rope_lm.positional import SCHEMES, Dims, PosContext
 from rope_lm.scaling import build_scaling
-from tests.test_attention import LAYER, OVERRIDES
+from tests.test_attention import LAYER
+from tests.test_attention import make_scheme as attention_scheme
+from tests.test_attention import assert_same as same
 from tests.test_kv_cache import PAIRS, PIECES, model, read_in_pieces, tokens
 
 DEVICE = torch.device(os.environ.get("ROPE_LM_TEST_DEVICE", "cuda"))
@@ -39,17 +41,7 @@ DIMS = Dims(d_model=64, n_head=4, head_dim=16, n_layer=2, train_len=16)
 
 
 def make_scheme(name):
-    from tests.conftest import ROOT
-    import yaml
-
-    with open(f"{ROOT}/conf/pos/{name}.yaml") as f:
-        options = {**yaml.safe_load(f), **OVERRIDES.get(name, {})}
-    torch.manual_seed(0)
-    scheme = build_scheme(options, DIMS)
-    with torch.no_grad():  # off the initial values, so that a wrongly indexed parameter shows
-        for p in scheme.parameters():
-            p.add_(torch.randn_like(p) * 0.3)
-    return scheme.to(DEVICE)
+    return attention_scheme(name, DIMS).to(DEVICE)
 
 
 def plans():
@@ -96,12 +88,8 @@ def outputs_and_grads(kernel, scheme, pos, plan, grads=True):
 
 
 def assert_same(name, got, want):
-    (out, grads), (ref, ref_grads) = got, want
-    torch.testing.assert_close(out, ref, atol=2e-4, rtol=1e-3, msg=lambda m: f"{name} output: {m}")
-    for i, (g, r) in enumerate(zip(grads, ref_grads)):
-        assert (g is None) == (r is None), f"{name}: gradient {i} missing on one path"
-        if g is not None:
-            torch.testing.assert_close(g, r, atol=5e-4, rtol=2e-3, msg=lambda m: f"{name} grad {i}: {m}")
+    # Inductor's and cuBLAS's reductions run in another order than the reference's.
+    same(name, got, want, tol=(2e-4, 1e-3), grad_tol=(5e-4, 2e-3))
 
 
 @pytest.fixture(autouse=True)
