@@ -18,6 +18,8 @@ The marker names a file (relative to the repository root) and a kind:
   comparison's compare.md has them);
 * ``accuracy``: a compare_retrieval.csv's accuracy per run and length for
   one task (``task=``, default passkey), with the 95% interval over samples;
+* ``effective``: a compare_retrieval.csv's effective length (RULER's) per run
+  and task, a row per run and a column per task (``tasks=a,b`` picks them);
 * ``md``: a markdown file as it is (e.g. check_published.md);
 * ``search``: the scripts/search.py results (search.json) in a folder, one
   row per method and target: the test PPL of plain positions, the method's
@@ -40,7 +42,7 @@ from rope_lm.errors import ConfigError
 from rope_lm.tables import markdown_table
 
 BLOCK = re.compile(r"^<!-- table: (?P<spec>[^>]*?) -->\n(?P<body>.*?)^<!-- end table -->$", re.M | re.S)
-KINDS = ("ppl", "rel", "summary", "accuracy", "md", "search")
+KINDS = ("ppl", "rel", "summary", "accuracy", "effective", "md", "search")
 
 
 def _number(v: str):
@@ -88,6 +90,8 @@ def render(spec: str, root: str = ".") -> str:
             return f.read().rstrip("\n")
     if kind == "accuracy":
         return _accuracy(path, parts[0], options)
+    if kind == "effective":
+        return _effective(path, parts[0], options)
     labels, lengths, by = _runs(path, options)
     train_len = {int(float(by[k]["train_len"])) for k in by if k[0] in labels}
     if len(train_len) != 1:
@@ -144,6 +148,22 @@ def _accuracy(path: str, name: str, options: dict) -> str:
 
     return markdown_table(["run"] + [f"{L} ({L / L0:g}×)" for L in lengths],
                           [[label] + [cell(t, L) for L in lengths] for label, t in tables.items()])
+
+
+def _effective(path: str, name: str, options: dict) -> str:
+    """Each run's effective length per task, as compare_retrieval.csv's `effective`
+    column writes it (e.g. "256 (2×)", "<128", "≥2048")."""
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    tasks = list(dict.fromkeys(r["task"] for r in rows))
+    if "tasks" in options:
+        missing = [t for t in options["tasks"].split(",") if t not in tasks]
+        if missing:
+            raise ConfigError(f"{name} has no {', '.join(missing)} rows (its tasks: {', '.join(tasks)}).")
+        tasks = options["tasks"].split(",")
+    by = {(r["label"], r["task"]): r["effective"] for r in rows}
+    labels = _pick(list(dict.fromkeys(r["label"] for r in rows)), options, f"{name} has no run")
+    return markdown_table(["run"] + tasks, [[label] + [by.get((label, t), "–") for t in tasks] for label in labels])
 
 
 def _search(path: str, name: str) -> str:

@@ -53,6 +53,17 @@ def test_an_accuracy_block_is_the_hand_written_table(tmp_path):
         render(f"{path} accuracy task=qa1")
 
 
+def test_an_effective_length_block_is_the_hand_written_table(tmp_path):
+    path = tmp_path / "compare_retrieval.csv"
+    path.write_text("label,task,effective\n"
+                    "rope,qa1,128 (1×)\nrope,qa2,<128\nalibi,qa1,≥2048\nalibi,qa2,256 (2×)\n")
+    assert render(f"{path} effective") == ("| run | qa1 | qa2 |\n|---|---|---|\n"
+                                           "| rope | 128 (1×) | <128 |\n| alibi | ≥2048 | 256 (2×) |")
+    assert render(f"{path} effective tasks=qa2 labels=alibi") == "| run | qa2 |\n|---|---|\n| alibi | 256 (2×) |"
+    with pytest.raises(ConfigError, match="no cwe rows"):
+        render(f"{path} effective tasks=cwe")
+
+
 def test_a_search_block_is_the_hand_written_table(tmp_path):
     from tests.test_published import search_json
 
@@ -84,7 +95,7 @@ def test_a_changed_csv_makes_its_block_stale_and_regenerating_mends_it(tmp_path)
 
 
 @pytest.mark.parametrize("spec, words", [
-    ("docs/results/pe_pg19_6000/compare.csv", "kind one of ppl, rel, summary, accuracy, md, search"),
+    ("docs/results/pe_pg19_6000/compare.csv", "kind one of ppl, rel, summary, accuracy, effective, md, search"),
     ("docs/results/nowhere/compare.csv ppl", "does not exist"),
     ("docs/results/pe_pg19_6000/compare.csv ppl labels=rope,xpos", "has no run labelled xpos"),
 ])
