@@ -5,7 +5,7 @@ name theirs (rope_lm.labels)."""
 
 import os
 
-from rope_lm.compare import _short, files_given_or_below, read_runs, to_csv
+from rope_lm.compare import WINDOW_CONTROL, _short, files_given_or_below, read_runs, to_csv
 from rope_lm.effective_length import effective_label
 from rope_lm.errors import ConfigError
 from rope_lm.files import atomic_write, from_here
@@ -60,6 +60,48 @@ def retrieval_table(runs: list[dict]) -> str:
     return markdown_table(["run", "L", "scoring", "threshold", *tasks, MEAN], rows)
 
 
+def window_section(runs: list[dict], names: dict[str, str]) -> list[str]:
+    """Does each run find what lies past L? Per task, its accuracy at each
+    length past L against the window-L control's (a model trained at the same
+    L whose attention is cut to the last L keys, so it can only answer from
+    them): **yes** where higher beyond both 95% intervals, no where lower
+    beyond them, tied within them. Only where one such control was run."""
+    pct = lambda v: f"{v:.0%}"
+    out = []
+    for L0 in sorted({r["train_len"] for r in runs if r.get("train_len")}):
+        at = [r for r in runs if r.get("train_len") == L0]
+        controls = [r for r in at if r["method"] == WINDOW_CONTROL]
+        if len(controls) != 1 or len(at) < 2:
+            continue
+        control = controls[0]
+        for task, c in control["tasks"].items():
+            theirs = dict(zip(c["lengths"], c["by_length"]))
+            past = [L for L in c["lengths"] if L > L0]
+
+            def cell(mine, L):
+                a, b = mine.get(L), theirs[L]
+                if a is None or None in (a.get("accuracy_lo"), a.get("accuracy_hi"), b.get("accuracy_lo"),
+                                         b.get("accuracy_hi")):
+                    return "–"
+                shown = f"{pct(a['accuracy'])} vs {pct(b['accuracy'])}"
+                if a["accuracy_lo"] > b["accuracy_hi"]:
+                    return f"**yes** ({shown})"
+                return f"no ({shown})" if a["accuracy_hi"] < b["accuracy_lo"] else f"tied ({shown})"
+
+            rows = [[names[r["run_dir"]]] + [cell(dict(zip(r["tasks"][task]["lengths"], r["tasks"][task]["by_length"])), L)
+                                            for L in past]
+                    for r in at if r is not control and task in r["tasks"]]
+            if past and rows:
+                out += [f"### {task}", "", markdown_table(["run"] + [f"{L} ({L / L0:g}×)" for L in past], rows), ""]
+        if out:
+            out = [f"## Against the window-L control ({names[control['run_dir']]})", "",
+                   f"Does a run find what lies past L_train = {L0}? Each task's accuracy against "
+                   f"{names[control['run_dir']]}'s, whose attention is cut to the last {L0} keys, so that it answers "
+                   f"only from them (and by guessing): **yes** where higher beyond both 95% intervals, no where lower "
+                   f"beyond them, tied within them.", ""] + out
+    return out
+
+
 def _numbers(values) -> str:
     """Space-separated, empty where a value is missing (an interval without bootstrap)."""
     return " ".join("" if v is None else f"{v:.4g}" for v in values) if all(v is not None for v in values) else ""
@@ -104,7 +146,7 @@ def compare_retrieval(paths: list[str], out_dir: str, title: str | None = None, 
     md = [f"# {title or 'Retrieval battery: effective length'}", "",
           "The longest length up to which each task's accuracy stays above the threshold (RULER's effective "
           "length; a dip ends it even where a longer length recovers); ≥: above at every length tested, <: not "
-          "above at the shortest.", "", retrieval_table(runs), ""]
+          "above at the shortest.", "", retrieval_table(runs), ""] + window_section(runs, names)
     if skipped:
         md += ["## Runs not read", ""] + [f"- {s}" for s in skipped] + [""]
     rows = csv_rows(runs, names)

@@ -511,3 +511,22 @@ def test_one_command_compares_perplexity_runs_and_a_folder_of_retrieval_runs(tmp
     out = tmp_path / "cmp"
     run_script("compare.py", f"paths=[{tmp_path / 'sweep'},{tmp_path / 'battery'}]", f"out={out}")
     assert {"compare.csv", "compare_retrieval.csv"} <= set(os.listdir(out))
+
+
+def test_the_retrieval_comparison_reads_each_run_against_the_window_control(tmp_path):
+    """Per task and length past L: higher than the window-L control beyond both intervals is a yes, lower a
+    no, overlapping tied; without a window control the section is absent."""
+    from rope_lm.retrieval_compare import compare_retrieval
+    from tests.test_published import retrieval_json
+
+    retrieval_json(tmp_path / "r" / "window", "window", {64: 1.0, 128: 0.5, 256: 0.3}, train_len=64)
+    retrieval_json(tmp_path / "r" / "reads", "yarn", {64: 1.0, 128: 0.9, 256: 0.35}, train_len=64)
+    retrieval_json(tmp_path / "r" / "lost", "none", {64: 1.0, 128: 0.1, 256: 0.0}, train_len=64)
+    compare_retrieval([str(tmp_path / "r")], str(tmp_path / "cmp"))
+    md = (tmp_path / "cmp" / "compare_retrieval.md").read_text()
+    assert "## Against the window-L control (rope + window)" in md
+    assert "| rope + yarn | **yes** (90% vs 50%) | tied (35% vs 30%) |" in md
+    assert "| rope | no (10% vs 50%) | no (0% vs 30%) |" in md
+    os.remove(tmp_path / "r" / "window" / "retrieval.json")
+    compare_retrieval([str(tmp_path / "r")], str(tmp_path / "cmp2"))
+    assert "window-L control" not in (tmp_path / "cmp2" / "compare_retrieval.md").read_text()
