@@ -73,7 +73,7 @@ def window_section(runs: list[dict], names: dict[str, str]) -> list[str]:
         controls = [r for r in at if r["method"] == WINDOW_CONTROL]
         if len(controls) != 1 or len(at) < 2:
             continue
-        control = controls[0]
+        control, tables = controls[0], []
         for task, c in control["tasks"].items():
             theirs = dict(zip(c["lengths"], c["by_length"]))
             past = [L for L in c["lengths"] if L > L0]
@@ -92,13 +92,14 @@ def window_section(runs: list[dict], names: dict[str, str]) -> list[str]:
                                             for L in past]
                     for r in at if r is not control and task in r["tasks"]]
             if past and rows:
-                out += [f"### {task}", "", markdown_table(["run"] + [f"{L} ({L / L0:g}×)" for L in past], rows), ""]
-        if out:
-            out = [f"## Against the window-L control ({names[control['run_dir']]})", "",
-                   f"Does a run find what lies past L_train = {L0}? Each task's accuracy against "
-                   f"{names[control['run_dir']]}'s, whose attention is cut to the last {L0} keys, so that it answers "
-                   f"only from them (and by guessing): **yes** where higher beyond both 95% intervals, no where lower "
-                   f"beyond them, tied within them.", ""] + out
+                tables += [f"### {task}", "", markdown_table(["run"] + [f"{L} ({L / L0:g}×)" for L in past], rows), ""]
+        if tables:
+            name = names[control["run_dir"]]
+            out += [f"## Against the window-L control ({name}, L = {L0})", "",
+                    f"Does a run find what lies past L_train = {L0}? Each task's accuracy against {name}'s, whose "
+                    f"attention is cut to the last {L0} keys, so that it answers only from them (and by guessing): "
+                    f"**yes** where higher beyond both 95% intervals, no where lower beyond them, tied within them.",
+                    ""] + tables
     return out
 
 

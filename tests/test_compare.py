@@ -522,11 +522,13 @@ def test_the_retrieval_comparison_reads_each_run_against_the_window_control(tmp_
     retrieval_json(tmp_path / "r" / "window", "window", {64: 1.0, 128: 0.5, 256: 0.3}, train_len=64)
     retrieval_json(tmp_path / "r" / "reads", "yarn", {64: 1.0, 128: 0.9, 256: 0.35}, train_len=64)
     retrieval_json(tmp_path / "r" / "lost", "none", {64: 1.0, 128: 0.1, 256: 0.0}, train_len=64)
+    retrieval_json(tmp_path / "r" / "other_L", "none", {128: 1.0, 256: 0.1}, train_len=128)  # no control at its L
     compare_retrieval([str(tmp_path / "r")], str(tmp_path / "cmp"))
     md = (tmp_path / "cmp" / "compare_retrieval.md").read_text()
-    assert "## Against the window-L control (rope + window)" in md
+    assert md.count("## Against the window-L control") == 1 and md.count("### passkey") == 1
+    assert "## Against the window-L control (rope + window, L = 64)" in md
     assert "| rope + yarn | **yes** (90% vs 50%) | tied (35% vs 30%) |" in md
-    assert "| rope | no (10% vs 50%) | no (0% vs 30%) |" in md
+    assert "| rope (lost) | no (10% vs 50%) | no (0% vs 30%) |" in md  # two plain rope runs: told apart by folder
     os.remove(tmp_path / "r" / "window" / "retrieval.json")
     compare_retrieval([str(tmp_path / "r")], str(tmp_path / "cmp2"))
     assert "window-L control" not in (tmp_path / "cmp2" / "compare_retrieval.md").read_text()
