@@ -44,7 +44,7 @@ try:
     from lm_eval.api.model import LM
     from lm_eval.api.registry import register_model
 except ImportError:  # pragma: no cover - the optional extra
-    raise ConfigError("lm-eval is not installed; install rope-lm's lm_eval extra (pip install -e '.[lm_eval]').") \
+    raise ConfigError("lm-eval is not installed; install rope-lm's lm-eval extra (pip install -e '.[lm-eval]').") \
         from None
 
 log = logging.getLogger("rope_lm")
