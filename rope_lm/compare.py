@@ -524,6 +524,14 @@ def _noise_section(g: Group, lengths: list[int]) -> list[str]:
 WINDOW_CONTROL = "window"  # the method whose series is the window-L control (attention cut to the last L keys)
 
 
+def against_control(mine: tuple, control: tuple, shown: str, higher_is_better: bool) -> str:
+    """A window-control verdict from two (lo, hi) intervals: **yes** where this run is better beyond
+    both, no where worse beyond both, tied where they overlap."""
+    above, below = mine[0] > control[1], mine[1] < control[0]
+    better, worse = (above, below) if higher_is_better else (below, above)
+    return f"**yes** ({shown})" if better else f"no ({shown})" if worse else f"tied ({shown})"
+
+
 def _window_section(g: Group, lengths: list[int]) -> list[str]:
     """Does each series use the context past L? Its PPL relative to its own at
     L_train against the window-L control's (a model that reads nothing past
@@ -539,10 +547,7 @@ def _window_section(g: Group, lengths: list[int]) -> list[str]:
         a, b = _rel_ci(s, L), _rel_ci(control, L)
         if None in a or None in b:
             return "–"
-        shown = f"{_fmt(_rel(s, L))} vs {_fmt(_rel(control, L))}"
-        if a[1] < b[0]:
-            return f"**yes** ({shown})"
-        return f"no ({shown})" if a[0] > b[1] else f"tied ({shown})"
+        return against_control(a, b, f"{_fmt(_rel(s, L))} vs {_fmt(_rel(control, L))}", higher_is_better=False)
 
     rows = [[s.label] + [cell(s, L) for L in past] for s in g.series if s is not control]
     if not past or not rows:

@@ -5,7 +5,7 @@ name theirs (rope_lm.labels)."""
 
 import os
 
-from rope_lm.compare import WINDOW_CONTROL, _short, files_given_or_below, read_runs, to_csv
+from rope_lm.compare import WINDOW_CONTROL, _short, against_control, files_given_or_below, read_runs, to_csv
 from rope_lm.effective_length import effective_label
 from rope_lm.errors import ConfigError
 from rope_lm.files import atomic_write, from_here
@@ -83,10 +83,8 @@ def window_section(runs: list[dict], names: dict[str, str]) -> list[str]:
                 if a is None or None in (a.get("accuracy_lo"), a.get("accuracy_hi"), b.get("accuracy_lo"),
                                          b.get("accuracy_hi")):
                     return "–"
-                shown = f"{pct(a['accuracy'])} vs {pct(b['accuracy'])}"
-                if a["accuracy_lo"] > b["accuracy_hi"]:
-                    return f"**yes** ({shown})"
-                return f"no ({shown})" if a["accuracy_hi"] < b["accuracy_lo"] else f"tied ({shown})"
+                return against_control((a["accuracy_lo"], a["accuracy_hi"]), (b["accuracy_lo"], b["accuracy_hi"]),
+                                       f"{pct(a['accuracy'])} vs {pct(b['accuracy'])}", higher_is_better=True)
 
             rows = [[names[r["run_dir"]]] + [cell(dict(zip(r["tasks"][task]["lengths"], r["tasks"][task]["by_length"])), L)
                                             for L in past]
