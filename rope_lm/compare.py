@@ -18,7 +18,7 @@ overlap: a single run's 95% bootstrap interval, or an aggregate's seed spread
 mean ± 2 sd (docs/studies.md).
 """
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 import csv
 import io
 import json
@@ -41,7 +41,8 @@ log = logging.getLogger("rope_lm")
 SKIP_DIRS = {"checkpoints", "wandb", "csv", "lightning_logs", ".hydra", "__pycache__"}
 CSV_COLUMNS = ["group", "label", "scheme", "method", "seed", "train_len", "length", "ratio", "ppl", "ppl_lo", "ppl_hi",
                "ppl_rel", "ppl_rel_lo", "ppl_rel_hi", "ppl_within", "ppl_beyond", "loss", "tokens", "documents",
-               "protocol", "within_noise_of_best", "corpus", "split", "tokenizer", "run_dir", "train_pos"]
+               "protocol", "within_noise_of_best", "corpus", "split", "tokenizer", "run_dir", "train_pos",
+               "trained_at"]
 SEED_COLUMNS = ["group", "label", "scheme", "method", "train_len", "length", "n_seeds", "seeds", "ppl_mean", "ppl_sd",
                 "ppl_min", "ppl_max", "noise_lo", "noise_hi", "per_seed", "within_noise_of_best", "run_dirs"]
 
@@ -79,6 +80,8 @@ class Series:
     setting: str = ""  # the run's config without NOT_A_SETTING, and the method: equal for seed replicas
     train_pos: str = "none"  # how training drew its position ids (rope_lm/train_positions/), e.g. pose-x16
     flat_config: dict = field(default_factory=dict)  # the run's config as dotted keys (labels.flat_settings)
+    given_label: str = ""  # a committed compare.csv's label, kept as it is
+    trained_at: int | None = None  # a reference row's own training length (train_len is its table's)
 
     def ppl(self, length):
         row = self.rows.get(length)
@@ -165,7 +168,7 @@ class Group:
         """Series of the same setting and method run with two or more seeds."""
         by_setting: dict[str, list[Series]] = {}
         for s in self.series:
-            if s.seed is not None:
+            if s.seed is not None and s.trained_at is None:
                 by_setting.setdefault(s.setting, []).append(s)
         out, names = [], {}
         for members in by_setting.values():
@@ -180,10 +183,11 @@ class Group:
 
     def noise_rows(self) -> list:
         """The rows judged for noise: each seed aggregate, and every series
-        that is not part of one."""
+        that is not part of one; reference rows (another training length, an
+        upper bound) are no contenders."""
         aggs = self.seed_aggregates()
         inside = {id(s) for a in aggs for s in a.members}
-        return aggs + [s for s in self.series if id(s) not in inside]
+        return aggs + [s for s in self.series if id(s) not in inside and s.trained_at is None]
 
     def best_and_peers(self, length) -> tuple[object, set] | None:
         """The row with the lowest PPL at a length, and the ids of the rows
@@ -336,13 +340,80 @@ def _reference(s: Series, siblings: list[Series]) -> float | None:
     return None
 
 
+CSV_NAME = "compare.csv"
+CSV_FLOATS = ("ppl", "ppl_lo", "ppl_hi", "ppl_rel_lo", "ppl_rel_hi", "ppl_within", "ppl_beyond", "loss")
+
+
+def csv_spec(path: str) -> tuple[str, list[str] | None] | None:
+    """A committed comparison named as an input, `<dir>/compare.csv` or
+    `<dir>/compare.csv:label,label` (only those rows): (file, labels), or None
+    for any other path."""
+    file, sep, labels = path.partition(f"{CSV_NAME}:")
+    if sep:
+        return file + CSV_NAME, [x for x in labels.split(",") if x]
+    return (path, None) if os.path.basename(path) == CSV_NAME else None
+
+
+def load_csv_runs(path: str, labels: list[str] | None = None) -> list[Run]:
+    """A committed compare.csv's rows as runs, one per run folder (which may be
+    gone: the CSV is what is left of it). Their labels are kept as written; the
+    relative-PPL intervals are the CSV's, each against the series' own PPL at
+    L_train. Lets a new run join a table whose runs were deleted."""
+    if not os.path.isfile(path):
+        raise ConfigError(f"{path} does not exist (resolved from {os.getcwd()}); name a compare.csv written by "
+                          f"scripts/compare.py.")
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    lacking = [c for c in ("label", "scheme", "method", "train_len", "length", "ppl", "corpus", "split", "tokenizer",
+                           "run_dir") if rows and c not in rows[0]]
+    if not rows or lacking:
+        raise ConfigError(f"{path} is not a compare.csv with rows ({'no rows' if not rows else 'it lacks ' + ', '.join(lacking)}); "
+                          f"regenerate it with scripts/compare.py.")
+    if labels:
+        missing = [x for x in labels if x not in {r["label"] for r in rows}]
+        if missing:
+            raise ConfigError(f"{path} has no row labelled {', '.join(missing)} (it has: "
+                              f"{', '.join(dict.fromkeys(r['label'] for r in rows))}).")
+        rows = [r for r in rows if r["label"] in labels]
+    num = lambda v: float(v) if v not in ("", None) else None
+    runs: dict[tuple, Run] = {}
+    for r in rows:
+        r["run_dir"] = os.path.abspath(r["run_dir"])  # written relative to the working directory (files.from_here)
+        key = GroupKey(fingerprint=r["corpus"], split=r["split"], tokenizer=r["tokenizer"],
+                       train_len=int(float(r["train_len"])), protocol=r.get("protocol") or "stream")
+        run = runs.setdefault((r["run_dir"], key), Run(path=os.path.join(r["run_dir"], RESULTS_JSON),
+                                                       results={"committed": path}, key=key))
+        series = next((s for s in run.series if s.given_label == r["label"]), None)
+        if series is None:
+            seed = r.get("seed")
+            series = Series(run_dir=r["run_dir"], scheme=r["scheme"], method=r["method"], train_len=key.train_len,
+                            rows={}, given_label=r["label"], seed=int(seed) if seed not in ("", None) else None,
+                            setting=f"{path}|{r['label']}", train_pos=r.get("train_pos") or "none")
+            run.series.append(series)
+        row = {k: num(r.get(k)) for k in CSV_FLOATS}
+        row.update(tokens=int(float(r["tokens"])) if r.get("tokens") else None,
+                   documents=int(float(r["documents"])) if r.get("documents") else None,
+                   protocol=r.get("protocol") or "stream", length=int(r["length"]))
+        series.rows[int(r["length"])] = row
+    for run in runs.values():
+        for s in run.series:
+            s.reference_ppl = _reference(s, run.series)
+            s.reference_self = s.ppl(s.train_len) is not None
+    return list(runs.values())
+
+
 def load_runs(paths: list[str]) -> tuple[list[Run], list[str]]:
     """The runs with at least one evaluated length, and a note on every job
     that is not complete: failed (and why), interrupted, half-evaluated,
     stopped before writing results, or with a results.json that cannot be
     read (half-written by a killed process, or not rope-lm's). None is
-    dropped silently, and one bad file never hides the others."""
-    runs, notes = [], {}
+    dropped silently, and one bad file never hides the others. A committed
+    compare.csv among the paths gives its rows (load_csv_runs)."""
+    committed = [load_csv_runs(*csv_spec(p)) for p in paths if csv_spec(p)]
+    paths = [p for p in paths if not csv_spec(p)]
+    if not paths:
+        return [r for runs in committed for r in runs], []
+    runs, notes = [r for runs in committed for r in runs], {}
     states = {j["dir"]: j for j in sweep_jobs(paths)}
     for d, job in states.items():
         if job["state"] != "complete":
@@ -370,7 +441,34 @@ def load_runs(paths: list[str]) -> tuple[list[Run], list[str]]:
     return runs, skipped
 
 
-def group_runs(runs: list[Run], group: bool) -> list[Group]:
+def add_references(groups: list[Group], references: list[Run]):
+    """Each reference run (trained at another, longer length: the train-long
+    upper bound) joins every group of its corpus, split, tokenizer and
+    protocol trained shorter, as rows at the group's lengths: PPL as
+    evaluated, relative to its own PPL at the group's L_train. A reference
+    that joins no group is refused."""
+    for ref in references:
+        joined = False
+        for g in groups:
+            k, lengths = g.key, set(g.lengths)
+            if (ref.key.fingerprint, ref.key.split, ref.key.tokenizer, ref.key.protocol) != \
+                    (k.fingerprint, k.split, k.tokenizer, k.protocol) or ref.key.train_len <= k.train_len:
+                continue
+            copies = [replace(s, train_len=k.train_len, trained_at=s.trained_at or s.train_len, reference_self=False,
+                              reference_ppl=s.ppl(k.train_len),
+                              rows={L: r for L, r in s.rows.items() if L in lengths})
+                      for s in ref.series if s.ppl(k.train_len) is not None]
+            if copies:
+                g.runs.append(Run(path=ref.path, results=ref.results, key=k, series=copies))
+                joined = True
+        if not joined:
+            raise ConfigError(
+                f"The reference run {_short(ref.dir)} ({ref.key.describe()}) joins none of the compared tables: a "
+                f"reference must share a table's corpus, split, tokenizer and protocol, be trained longer than it, "
+                f"and be evaluated at its L_train. The tables: {'; '.join(g.key.describe() for g in groups)}.")
+
+
+def group_runs(runs: list[Run], group: bool, references: list[Run] = ()) -> list[Group]:
     keys = list(dict.fromkeys(r.key for r in runs))
     if len(keys) > 1 and not group:
         parts = []
@@ -386,6 +484,7 @@ def group_runs(runs: list[Run], group: bool) -> list[Group]:
             f"{' '.join(parts)}. Compare runs of one setting, or pass group=true for one table and plot per setting."
         )
     groups = [Group(k, [r for r in runs if r.key == k]) for k in keys]
+    add_references(groups, list(references))
     for g in groups:
         _label(g)
     return groups
@@ -399,11 +498,19 @@ def _short(path: str) -> str:
 def _label(g: Group):
     """scheme ([train: its training-time position method]) (+ method unless
     direct); where two series would share a name, the settings their runs
-    differ in, else their folders (rope_lm.labels)."""
-    bases = [run_name(s.scheme, s.method, s.train_pos) for s in g.series]
-    entries = [(0, base, s.flat_config, s.run_dir) for base, s in zip(bases, g.series)]
-    for s, label in zip(g.series, distinct_labels(entries)):
-        s.label = label
+    differ in, else their folders (rope_lm.labels). A committed row keeps its
+    label; a reference row says the length it was trained at."""
+    for part in ([s for s in g.series if not s.given_label and s.trained_at is None],
+                 [s for s in g.series if not s.given_label and s.trained_at is not None]):
+        entries = [(0, run_name(s.scheme, s.method, s.train_pos), s.flat_config, s.run_dir) for s in part]
+        for s, label in zip(part, distinct_labels(entries)):
+            s.label = label + ("" if s.trained_at is None else f" (trained at {s.trained_at})")
+    given = {s.given_label for s in g.series if s.given_label}
+    for s in g.series:
+        if s.given_label:
+            s.label = s.given_label
+        elif s.label in given:  # a new run beside a committed row of its name (a re-run): its folder tells them apart
+            s.label += f" ({_short(s.run_dir)})"
 
 
 # --- views ----------------------------------------------------------------------
@@ -438,8 +545,8 @@ def _with_ci(v, lo, hi) -> str:
 
 def _noise_flag(g: Group, row, L):
     judged = g.best_and_peers(L)
-    if judged is None or row.ppl(L) is None or row.noise(L) is None:
-        return None
+    if judged is None or row.ppl(L) is None or row.noise(L) is None or getattr(row, "trained_at", None) is not None:
+        return None  # not judged (a reference row is no contender)
     return id(row) in judged[1]
 
 
@@ -459,6 +566,11 @@ def markdown(groups: list[Group], skipped: list[str], title: str) -> str:
         prefix = f"## Group {n}: " if len(groups) > 1 else "## "
         out += [f"{prefix}{g.key.describe()}", ""]
         out += [f"{len(g.runs)} run(s): " + ", ".join(f"`{_short(r.dir)}`" for r in g.runs), ""]
+        refs = [s.label for s in g.series if s.trained_at is not None]
+        if refs:
+            out += [f"Reference rows, trained at a longer length (every length here inside it): {', '.join(refs)}. "
+                    f"An upper bound for a model trained at {L0}; not ranked among the runs. Relative PPL: against "
+                    f"its own PPL at {L0}.", ""]
         if len(tokens) > 1:
             out += [f"**Note:** the runs scored different numbers of target tokens ({', '.join(map(str, tokens))}): "
                     f"the same test text, but not the same amount of it.", ""]
@@ -578,6 +690,7 @@ def csv_rows(groups: list[Group]) -> list[dict]:
                     "protocol": r.get("protocol", "stream"), "within_noise_of_best": _noise_flag(g, s, L),
                     "corpus": g.key.fingerprint, "split": g.key.split, "tokenizer": g.key.tokenizer,
                     "run_dir": from_here(s.run_dir), "train_pos": s.train_pos,
+                    "trained_at": s.trained_at or s.train_len,
                 })
     return rows
 
@@ -699,11 +812,16 @@ def study_name(paths: list[str], runs: list[Run]) -> str:
     return os.path.basename(os.path.commonpath([r.dir for r in runs])) or "compare"
 
 
-def compare(paths: list[str], out_dir: str | None = None, group: bool = False, title: str | None = None) -> dict:
+def compare(paths: list[str], out_dir: str | None = None, group: bool = False, title: str | None = None,
+            references: list[str] = ()) -> dict:
     """Write compare.md, compare.csv and one pair of PNGs per group; returns
-    what was written (and the groups, for logging elsewhere)."""
+    what was written (and the groups, for logging elsewhere). `references`:
+    runs trained longer, shown in each table of their corpus as upper-bound
+    rows (add_references)."""
     runs, skipped = load_runs(paths)
-    groups = group_runs(runs, group)
+    ref_runs, ref_skipped = load_runs(list(references)) if references else ([], [])
+    skipped += ref_skipped
+    groups = group_runs(runs, group, ref_runs)
     out_dir = out_dir or default_out(paths)
     try:
         os.makedirs(out_dir, exist_ok=True)
@@ -769,6 +887,6 @@ def log_to_wandb(summary: dict, project: str | None = None, group: str | None = 
 
 
 def has_results(paths: list[str]) -> bool:
-    """Whether any results.json (a perplexity run) is named or lies under paths."""
-    return any(os.path.basename(p) == RESULTS_JSON if os.path.isfile(p) else
-               os.path.isdir(p) and files_named(p, RESULTS_JSON) for p in paths)
+    """Whether any results.json (a perplexity run) or committed compare.csv is named or lies under paths."""
+    return any(csv_spec(p) or (os.path.basename(p) == RESULTS_JSON if os.path.isfile(p) else
+               os.path.isdir(p) and files_named(p, RESULTS_JSON)) for p in paths)

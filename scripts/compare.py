@@ -7,7 +7,11 @@ scripts/eval_extrapolation.py outputs alike) and task_results.json
 compare_tasks.md, compare_tasks.csv and accuracy_vs_length_<task>.png) and
 retrieval.json (scripts/retrieval.py runs: each task's effective length per
 checkpoint and method, written to compare_retrieval.md and
-compare_retrieval.csv). Runs that differ in corpus,
+compare_retrieval.csv). A committed compare.csv (or `compare.csv:label,label`
+for some of its rows) stands for runs whose folders are gone, so a new run can
+join an old table; references= names runs trained longer (the train-long
+upper bound), shown as reference rows in each table of their corpus.
+Runs that differ in corpus,
 tokenizer or training length are refused unless group=true. Writes
 compare.md, compare.csv, ppl_vs_length*.png and per_position*.png to out=
 (default: <the one directory given>/compare).
@@ -50,7 +54,7 @@ def main(cfg):
         return
     # Folders of task or retrieval runs given beside the perplexity runs are theirs, not missing results.
     ppl_paths = [p for p in paths if has_results([p])] if others else paths
-    summary = compare(ppl_paths, a["out"], group=a["group"], title=a["title"])
+    summary = compare(ppl_paths, a["out"], group=a["group"], title=a["title"], references=a["references"])
     print(open(summary["files"]["markdown"]).read())
     print(f"Comparison: {summary['out_dir']}/ (compare.md, compare.csv, ppl_vs_length*.png, per_position*.png)")
     if a["wandb"]:

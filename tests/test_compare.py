@@ -532,3 +532,64 @@ def test_the_retrieval_comparison_reads_each_run_against_the_window_control(tmp_
     os.remove(tmp_path / "r" / "window" / "retrieval.json")
     compare_retrieval([str(tmp_path / "r")], str(tmp_path / "cmp2"))
     assert "window-L control" not in (tmp_path / "cmp2" / "compare_retrieval.md").read_text()
+
+
+def _with_rel_intervals(d, half=0.01):
+    """The evaluation's paired interval of the relative PPL, as the pipeline writes it."""
+    results = json.load(open(os.path.join(d, "results.json")))
+    ref = {r["method"]: r["ppl"] for r in results["results"] if r["length"] == results["train_len"]}
+    for row in results["results"]:
+        r = row["ppl"] / ref[row["method"]]
+        row.update(ppl_rel=r, ppl_rel_lo=r - half, ppl_rel_hi=r + half)
+    json.dump(results, open(os.path.join(d, "results.json"), "w"))
+    return d
+
+
+def test_a_committed_table_stands_for_its_runs(tmp_path):
+    """A compare.csv read back gives the same table and window verdicts as the runs it came from (whose
+    folders may be gone); a new run beside a committed row of its name is told apart by its folder; a
+    label filter picks rows, and an unknown label is refused with the labels there are."""
+    runs = [_with_rel_intervals(write_run(tmp_path / name, scheme, {method: f}, lengths=[64, 128, 256],
+                                          ci=lambda L: 0.2))
+            for name, scheme, method, f in (("a", "alibi", "none", lambda L: 10.0 - L / 256),
+                                            ("w", "rope", "window", lambda L: 10.0),
+                                            ("r", "rope", "none", lambda L: 10.0 * L / 64))]
+    first = compare(runs, str(tmp_path / "first"))
+    csv_path = first["files"]["csv"]
+    again = compare([csv_path], str(tmp_path / "again"))
+    cols = ["label", "scheme", "method", "length", "ppl", "ppl_lo", "ppl_hi", "ppl_rel", "ppl_rel_lo", "ppl_rel_hi",
+            "within_noise_of_best", "run_dir", "train_len"]
+    assert [[r[c] for c in cols] for r in read_csv(again["files"]["csv"])] == \
+        [[r[c] for c in cols] for r in read_csv(csv_path)]
+    window = lambda s: s["files"]["markdown"] and open(s["files"]["markdown"]).read().split("### Against the window")[1]
+    assert window(again) == window(first) and "| rope | no (" in window(first)
+
+    rerun = write_run(tmp_path / "rerun" / "r", "rope", lengths=[64, 128, 256])
+    labels = [r.label for r in compare([csv_path, rerun], str(tmp_path / "mixed"))["groups"][0].series]
+    assert labels == ["alibi", "rope + window", "rope", "rope (rerun/r)"]
+    picked = compare([f"{csv_path}:rope + window,rope"], str(tmp_path / "picked"))
+    assert [s.label for s in picked["groups"][0].series] == ["rope + window", "rope"]
+    with pytest.raises(ConfigError, match="no row labelled nope .*alibi, rope \\+ window, rope"):
+        compare([f"{csv_path}:nope"], str(tmp_path / "bad"))
+
+
+def test_a_train_long_reference_is_an_upper_bound_row(tmp_path):
+    """A run trained at 4 x L joins the L table as a reference row: its own PPL at each length, relative
+    to its PPL at L, labelled with its training length, never the best row; one of another corpus is
+    refused."""
+    short = [write_run(tmp_path / s, s, {"none": f}, lengths=[64, 128, 256], ci=lambda L: 0.5)
+             for s, f in (("rope", lambda L: 10.0 * L / 64), ("alibi", lambda L: 11.0))]
+    long = write_run(tmp_path / "long", "rope", {"none": lambda L: 8.0 - L / 128}, train_len=256,
+                     lengths=[64, 128, 256], ci=lambda L: 0.5)
+    out = compare(short, str(tmp_path / "out"), references=[long])
+    rows = {(r["label"], int(r["length"])): r for r in read_csv(out["files"]["csv"])}
+    ref = rows[("rope (trained at 256)", 256)]
+    assert float(ref["ppl"]) == 6.0 and float(ref["ppl_rel"]) == pytest.approx(6.0 / 7.5)
+    assert (ref["train_len"], ref["trained_at"], ref["ratio"]) == ("64", "256", "4.0")
+    assert rows[("alibi", 256)]["trained_at"] == "64"
+    assert ref["within_noise_of_best"] == "" and rows[("alibi", 256)]["within_noise_of_best"] == "True"
+    md = open(out["files"]["markdown"]).read()
+    assert "Reference rows, trained at a longer length" in md and "best alibi (11.00)" in md
+    other = write_run(tmp_path / "other", "rope", train_len=256, lengths=[64, 128, 256], fingerprint="zzz")
+    with pytest.raises(ConfigError, match="joins none of the compared tables"):
+        compare(short, str(tmp_path / "out2"), references=[other])
