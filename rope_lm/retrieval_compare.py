@@ -9,7 +9,7 @@ from rope_lm.compare import WINDOW_CONTROL, _short, against_control, files_given
 from rope_lm.effective_length import effective_label
 from rope_lm.errors import ConfigError
 from rope_lm.files import atomic_write, from_here
-from rope_lm.labels import distinct_labels, run_name
+from rope_lm.labels import distinct_labels, flat_settings, run_name
 from rope_lm.tables import markdown_table
 
 RETRIEVAL_JSON = "retrieval.json"
@@ -41,8 +41,10 @@ def _threshold(r: dict) -> str:
 
 def retrieval_labels(runs: list[dict]) -> dict[str, str]:
     """run_dir -> scheme ([train: its training-time position method]) (+ method), as compare.py names
-    the same runs; told apart by their folders where they clash."""
-    entries = [(0, run_name(r["scheme"], r["method"], r.get("train_pos", "none")), {}, r["run_dir"]) for r in runs]
+    the same runs; told apart by the training settings they differ in (pos.base=10.0), else (older
+    files, without the checkpoint's settings) by their folders."""
+    entries = [(0, run_name(r["scheme"], r["method"], r.get("train_pos", "none")), flat_settings(r.get("config")),
+                r["run_dir"]) for r in runs]
     return dict(zip((r["run_dir"] for r in runs), distinct_labels(entries)))
 
 

@@ -54,6 +54,16 @@ class Trained:
         return train_positions_label(self.hparams.get("train_pos"))
 
     @property
+    def settings(self) -> dict:
+        """What the model was trained with (model, pos, data, optim, steps, seed) as plain data: what a
+        comparison tells two checkpoints of one scheme apart by (rope_lm.labels)."""
+        from omegaconf import OmegaConf
+
+        plain = lambda v: OmegaConf.to_container(v) if OmegaConf.is_config(v) else dict(v) if isinstance(v, dict) else v
+        return {k: plain(self.hparams[k]) for k in ("model", "pos", "data", "optim", "max_steps", "train_pos", "seed")
+                if k in self.hparams}
+
+    @property
     def scheme(self) -> str:
         """The scheme as the run's results.json names it: the positional scheme with a layout's and the
         softmax options' tags (rope+nope_every_4, rope+ssmax), so a diagnostic's rows match the run's."""

@@ -107,7 +107,7 @@ def main(cfg):
         "checkpoint": from_here(trained.path), "source": trained.source, "scheme": scheme,
         "train_pos": trained.train_positions, "method": method, "train_len": train_len, "haystack": a["haystack"], "scoring": a["scoring"],
         "needles": a["needles"],
-        "seed": a["seed"], "split": a["split"], "effective": summary, "tasks": results})
+        "seed": a["seed"], "split": a["split"], "config": trained.settings, "effective": summary, "tasks": results})
     print("\n" + table)
     print(f"Retrieval: {out}/ (retrieval.md, retrieval.json, retrieval_<task>.png)")
 

@@ -593,3 +593,20 @@ def test_a_train_long_reference_is_an_upper_bound_row(tmp_path):
     other = write_run(tmp_path / "other", "rope", train_len=256, lengths=[64, 128, 256], fingerprint="zzz")
     with pytest.raises(ConfigError, match="joins none of the compared tables"):
         compare(short, str(tmp_path / "out2"), references=[other])
+
+
+def test_retrieval_rows_are_named_like_the_perplexity_rows_of_the_same_checkpoints(tmp_path):
+    """Two RoPE checkpoints differing in base: the battery's rows read `rope (pos.base=10.0)` as the
+    PPL table's do (a claim reads both by that label), from the settings retrieval.py records."""
+    from rope_lm.retrieval_compare import compare_retrieval
+    from tests.test_published import retrieval_json
+
+    labels = set()
+    for base in (10.0, 10000.0):
+        cfg = {"pos": {"name": "rope", "base": base}, "model": {"n_layer": 4}, "seed": 1}
+        write_run(tmp_path / "ppl" / f"b{base:g}", config=cfg)
+        retrieval_json(tmp_path / "ret" / f"b{base:g}", "none", {64: 1.0, 128: 0.5}, train_len=64, config=cfg)
+    ppl = {s.label for s in compare([str(tmp_path / "ppl")], str(tmp_path / "out"))["groups"][0].series}
+    compare_retrieval([str(tmp_path / "ret")], str(tmp_path / "out"))
+    labels = {r["label"] for r in read_csv(tmp_path / "out" / "compare_retrieval.csv")}
+    assert labels == ppl == {"rope (pos.base=10.0)", "rope (pos.base=10000.0)"}

@@ -251,8 +251,9 @@ def pi_helps_past_l():
                        "rope+pi-x2": {4096: (60.0, 58.0, 62.0), 8192: (60.0, 58.0, 62.0), 16384: (40.0, 38.0, 42.0)}})
 
 
-def retrieval_json(directory, method, accuracy: dict, train_len=8192, half_width=0.1):
-    """A scripts/retrieval.py result with one task (passkey): {length: accuracy}."""
+def retrieval_json(directory, method, accuracy: dict, train_len=8192, half_width=0.1, config=None):
+    """A scripts/retrieval.py result with one task (passkey): {length: accuracy}; config: the
+    checkpoint's training settings."""
     from rope_lm.effective_length import add_effective
 
     lengths = sorted(accuracy)
@@ -263,7 +264,7 @@ def retrieval_json(directory, method, accuracy: dict, train_len=8192, half_width
     os.makedirs(directory, exist_ok=True)
     with open(os.path.join(directory, "retrieval.json"), "w") as f:
         json.dump({"scheme": "rope", "method": method, "train_len": train_len, "scoring": "teacher",
-                   "tasks": tasks, "effective": effective}, f)
+                   "tasks": tasks, "effective": effective, **({"config": config} if config else {})}, f)
     return str(directory)
 
 
