@@ -610,3 +610,20 @@ def test_retrieval_rows_are_named_like_the_perplexity_rows_of_the_same_checkpoin
     compare_retrieval([str(tmp_path / "ret")], str(tmp_path / "out"))
     labels = {r["label"] for r in read_csv(tmp_path / "out" / "compare_retrieval.csv")}
     assert labels == ppl == {"rope (pos.base=10.0)", "rope (pos.base=10000.0)"}
+
+
+def test_train_long_presets_score_the_tables_they_bound():
+    """train_long sits at the absolute lengths of the L = 64 tables, all inside its own training length,
+    on their token budget; on PG-19 it evaluates as pe_headline does, on pe_headline's split."""
+    from rope_lm.config import resolve_run
+
+    table = resolve_run(compose(["+experiment=pe_extrapolation"])[0])
+    long = resolve_run(compose(["+experiment=train_long"])[0])
+    assert long.lengths == table.lengths and max(long.lengths) == long.data.seq_len == 1024
+    assert long.trainer.max_steps * long.data.batch_size * 1024 == \
+        table.trainer.max_steps * table.data.batch_size * table.data.seq_len
+    headline = compose(["+experiment=pe_headline"])[0]
+    pg19 = compose(["+experiment=train_long_pg19"])[0]
+    assert pg19["eval"] == {**headline["eval"], "lengths": pg19["eval"]["lengths"], "multipliers": pg19["eval"]["multipliers"]}
+    assert {k: pg19["data"][k] for k in ("name", "path", "test_fraction", "valid_fraction")} == \
+        {k: headline["data"][k] for k in ("name", "path", "test_fraction", "valid_fraction")}
