@@ -20,6 +20,10 @@ The marker names a file (relative to the repository root) and a kind:
   one task (``task=``, default passkey), with the 95% interval over samples;
 * ``effective``: a compare_retrieval.csv's effective length (RULER's) per run
   and task, a row per run and a column per task (``tasks=a,b`` picks them);
+* ``window``: the same runs read against the window-L control (the row whose
+  method is `window`) at each length past L_train: **yes** where a run's
+  relative PPL is below the control's beyond both intervals, no where above,
+  tied within (compare.against_control);
 * ``md``: a markdown file as it is (e.g. check_published.md);
 * ``search``: the scripts/search.py results (search.json) in a folder, one
   row per method and target: the test PPL of plain positions, the method's
@@ -37,12 +41,12 @@ import csv
 import os
 import re
 
-from rope_lm.compare import _fmt, _with_ci
+from rope_lm.compare import WINDOW_CONTROL, _fmt, _with_ci, against_control
 from rope_lm.errors import ConfigError
 from rope_lm.tables import markdown_table
 
 BLOCK = re.compile(r"^<!-- table: (?P<spec>[^>]*?) -->\n(?P<body>.*?)^<!-- end table -->$", re.M | re.S)
-KINDS = ("ppl", "rel", "summary", "accuracy", "effective", "md", "search")
+KINDS = ("ppl", "rel", "summary", "window", "accuracy", "effective", "md", "search")
 
 
 def _number(v: str):
@@ -105,6 +109,8 @@ def render(spec: str, root: str = ".") -> str:
                               [f"relative at {far[0] // L0}×"] + [f"{L // L0}×" for L in far[1:]],
                               [[label, value(label, L0, "ppl")] + [value(label, L, "ppl") for L in far] +
                                [value(label, L, "ppl_rel") for L in far] for label in labels])
+    if kind == "window":
+        return _window(by, labels, lengths, L0, parts[0])
     key = ("ppl", "ppl_lo", "ppl_hi") if kind == "ppl" else ("ppl_rel", "ppl_rel_lo", "ppl_rel_hi")
 
     def cell(label, L):
@@ -113,6 +119,26 @@ def render(spec: str, root: str = ".") -> str:
 
     return markdown_table(["run"] + [f"{L} ({L / L0:g}×)" for L in lengths],
                           [[label] + [cell(label, L) for L in lengths] for label in labels])
+
+
+def _window(by: dict, labels: list[str], lengths: list[int], L0: int, name: str) -> str:
+    controls = [label for label in labels if (by.get((label, L0)) or {}).get("method") == WINDOW_CONTROL]
+    if len(controls) != 1:
+        raise ConfigError(f"A `window` block needs exactly one window-L control (method {WINDOW_CONTROL}) among the runs "
+                          f"of {name}; it has {len(controls)}: add the control's evaluation to the comparison, or pick "
+                          f"the runs with labels=.")
+    control, past = controls[0], [L for L in lengths if L > L0]
+
+    def cell(label, L):
+        a, b = by.get((label, L)), by.get((control, L))
+        ci = lambda r: tuple(_number(r.get(k)) for k in ("ppl_rel_lo", "ppl_rel_hi")) if r else (None, None)
+        if None in ci(a) or None in ci(b):
+            return "–"
+        return against_control(ci(a), ci(b), f"{_fmt(_number(a['ppl_rel']))} vs {_fmt(_number(b['ppl_rel']))}",
+                               higher_is_better=False)
+
+    return markdown_table(["run"] + [f"{L} ({L / L0:g}×)" for L in past],
+                          [[label] + [cell(label, L) for L in past] for label in labels if label != control])
 
 
 def _accuracy(path: str, name: str, options: dict) -> str:

@@ -39,6 +39,21 @@ def test_a_block_is_the_hand_written_table(tmp_path):
                                         "| rope | 20.00 | 30.00 | 1.50 |\n| alibi | 21.00 | 1234 | 0.95 |")
 
 
+def test_a_window_block_reads_each_run_against_the_control(tmp_path):
+    """yes below the control's relative-PPL interval, no above it, tied overlapping; a table without
+    exactly one window control is refused."""
+    rows = [("", "rope + window", "rope", "window", "", 64, 64, 1.0, 20.0, 19.0, 21.0, 1.0, 1.0, 1.0),
+            ("", "rope + window", "rope", "window", "", 64, 128, 2.0, 19.0, 18.0, 20.0, 0.95, 0.93, 0.97)]
+    for label, rel, lo, hi in (("alibi", 0.90, 0.88, 0.92), ("rope", 1.5, 1.4, 1.6), ("nope", 0.96, 0.9, 1.0)):
+        rows += [("", label, label, "none", "", 64, 64, 1.0, 20.0, 19.0, 21.0, 1.0, 1.0, 1.0),
+                 ("", label, label, "none", "", 64, 128, 2.0, 20 * rel, 19.0, 21.0, rel, lo, hi)]
+    csv = write_csv(tmp_path / "compare.csv", rows)
+    assert render(f"{csv} window") == ("| run | 128 (2×) |\n|---|---|\n| alibi | **yes** (0.90 vs 0.95) |\n"
+                                       "| rope | no (1.50 vs 0.95) |\n| nope | tied (0.96 vs 0.95) |")
+    with pytest.raises(ConfigError, match="needs exactly one window-L control .* it has 0"):
+        render(f"{small(tmp_path)} window")
+
+
 def test_an_accuracy_block_is_the_hand_written_table(tmp_path):
     path = tmp_path / "compare_retrieval.csv"
     path.write_text("label,scheme,method,train_len,task,lengths,accuracy,accuracy_lo,accuracy_hi\n"
@@ -95,7 +110,7 @@ def test_a_changed_csv_makes_its_block_stale_and_regenerating_mends_it(tmp_path)
 
 
 @pytest.mark.parametrize("spec, words", [
-    ("docs/results/pe_pg19_6000/compare.csv", "kind one of ppl, rel, summary, accuracy, effective, md, search"),
+    ("docs/results/pe_pg19_6000/compare.csv", "kind one of ppl, rel, summary, window, accuracy, effective, md, search"),
     ("docs/results/nowhere/compare.csv ppl", "does not exist"),
     ("docs/results/pe_pg19_6000/compare.csv ppl labels=rope,xpos", "has no run labelled xpos"),
 ])
