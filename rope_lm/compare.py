@@ -358,7 +358,9 @@ def load_csv_runs(path: str, labels: list[str] | None = None) -> list[Run]:
     """A committed compare.csv's rows as runs, one per run folder (which may be
     gone: the CSV is what is left of it). Their labels are kept as written; the
     relative-PPL intervals are the CSV's, each against the series' own PPL at
-    L_train. Lets a new run join a table whose runs were deleted."""
+    L_train. Lets a new run join a table whose runs were deleted. The CSV has
+    no settings, so its seed replicas are rows of their own, not aggregated
+    again, and no per-position curves are drawn for them."""
     if not os.path.isfile(path):
         raise ConfigError(f"{path} does not exist (resolved from {os.getcwd()}); name a compare.csv written by "
                           f"scripts/compare.py.")
