@@ -340,6 +340,11 @@ def _reference(s: Series, siblings: list[Series]) -> float | None:
     return None
 
 
+def _number(v: str | None) -> float | None:
+    """A CSV cell as a float, None where it is empty."""
+    return float(v) if v not in ("", None) else None
+
+
 CSV_NAME = "compare.csv"
 CSV_FLOATS = ("ppl", "ppl_lo", "ppl_hi", "ppl_rel_lo", "ppl_rel_hi", "ppl_within", "ppl_beyond", "loss")
 
@@ -377,7 +382,6 @@ def load_csv_runs(path: str, labels: list[str] | None = None) -> list[Run]:
             raise ConfigError(f"{path} has no row labelled {', '.join(missing)} (it has: "
                               f"{', '.join(dict.fromkeys(r['label'] for r in rows))}).")
         rows = [r for r in rows if r["label"] in labels]
-    num = lambda v: float(v) if v not in ("", None) else None
     runs: dict[tuple, Run] = {}
     for r in rows:
         r["run_dir"] = os.path.abspath(r["run_dir"])  # written relative to the working directory (files.from_here)
@@ -392,7 +396,7 @@ def load_csv_runs(path: str, labels: list[str] | None = None) -> list[Run]:
                             rows={}, given_label=r["label"], seed=int(seed) if seed not in ("", None) else None,
                             setting=f"{path}|{r['label']}", train_pos=r.get("train_pos") or "none")
             run.series.append(series)
-        row = {k: num(r.get(k)) for k in CSV_FLOATS}
+        row = {k: _number(r.get(k)) for k in CSV_FLOATS}
         row.update(tokens=int(float(r["tokens"])) if r.get("tokens") else None,
                    documents=int(float(r["documents"])) if r.get("documents") else None,
                    protocol=r.get("protocol") or "stream", length=int(r["length"]))
@@ -456,7 +460,7 @@ def add_references(groups: list[Group], references: list[Run]):
             if (ref.key.fingerprint, ref.key.split, ref.key.tokenizer, ref.key.protocol) != \
                     (k.fingerprint, k.split, k.tokenizer, k.protocol) or ref.key.train_len <= k.train_len:
                 continue
-            copies = [replace(s, train_len=k.train_len, trained_at=s.trained_at or s.train_len, reference_self=False,
+            copies = [replace(s, train_len=k.train_len, trained_at=s.train_len, reference_self=False,
                               reference_ppl=s.ppl(k.train_len),
                               rows={L: r for L, r in s.rows.items() if L in lengths})
                       for s in ref.series if s.ppl(k.train_len) is not None]

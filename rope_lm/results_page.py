@@ -41,16 +41,12 @@ import csv
 import os
 import re
 
-from rope_lm.compare import WINDOW_CONTROL, _fmt, _with_ci, against_control
+from rope_lm.compare import WINDOW_CONTROL, _fmt, _number, _with_ci, against_control
 from rope_lm.errors import ConfigError
 from rope_lm.tables import markdown_table
 
 BLOCK = re.compile(r"^<!-- table: (?P<spec>[^>]*?) -->\n(?P<body>.*?)^<!-- end table -->$", re.M | re.S)
 KINDS = ("ppl", "rel", "summary", "window", "accuracy", "effective", "md", "search")
-
-
-def _number(v: str):
-    return float(v) if v not in ("", None) else None
 
 
 def _pick(labels: list[str], options: dict, lacking: str) -> list[str]:
