@@ -278,7 +278,9 @@ def tokenizer_id(config: dict) -> str:
     """The tokenizer a run used: an imported model's own (named by the model),
     a tokenizer the data settings name, or the BPE trained on the corpus, named
     by its vocabulary size and the amount of text it was trained on (both
-    change the token units)."""
+    change the token units), and, for a checkpoint evaluated on a split it
+    was not trained on, by the corpus fingerprint it was trained on (its
+    merges differ from those trained on this split)."""
     data = config.get("data") or {}
     source = str(config.get("ckpt_path") or "")
     if source.startswith("hf:"):
@@ -289,7 +291,8 @@ def tokenizer_id(config: dict) -> str:
     if vocab is None:
         return "unknown"
     chars = data.get("tokenizer_train_chars")
-    return f"bpe{vocab}" + (f"@{chars}" if chars is not None else "")
+    trained_on = config.get("tokenizer_trained_on")
+    return f"bpe{vocab}" + (f"@{chars}" if chars is not None else "") + (f" of {trained_on}" if trained_on else "")
 
 
 def load_run(path: str) -> Run:
@@ -468,10 +471,16 @@ def add_references(groups: list[Group], references: list[Run]):
                 g.runs.append(Run(path=ref.path, results=ref.results, key=k, series=copies))
                 joined = True
         if not joined:
+            retokenized = " of " in ref.key.tokenizer and any(
+                (ref.key.fingerprint, ref.key.split, ref.key.protocol) == (g.key.fingerprint, g.key.split, g.key.protocol)
+                for g in groups)
+            why = (" Its tokenizer was trained on another split (the corpus after 'of'), so it cuts this text into "
+                   "other tokens than the table's models: train the reference on the table's own split."
+                   if retokenized else "")
             raise ConfigError(
                 f"The reference run {_short(ref.dir)} ({ref.key.describe()}) joins none of the compared tables: a "
                 f"reference must share a table's corpus, split, tokenizer and protocol, be trained longer than it, "
-                f"and be evaluated at its L_train. The tables: {'; '.join(g.key.describe() for g in groups)}.")
+                f"and be evaluated at its L_train. The tables: {'; '.join(g.key.describe() for g in groups)}.{why}")
 
 
 def group_runs(runs: list[Run], group: bool, references: list[Run] = ()) -> list[Group]:

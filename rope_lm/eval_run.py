@@ -167,6 +167,11 @@ def evaluate_checkpoint(ckpt_path: str | None, methods: list[dict], eval_options
             _remove_if_only(out_dir, made, {"tokenizer.json"})
         raise
     config["data"] = data_options
+    trained_on = (hp.get("corpus") or {}).get("fingerprint")
+    if trained.lit.tokenizer_json and trained_on and trained_on != cache.corpus.get("fingerprint"):
+        # A BPE trained on another split (or corpus) cuts this text into other tokens than the models trained
+        # on this one, so per-token PPL is not comparable with theirs: compare.tokenizer_id tells them apart.
+        config["tokenizer_trained_on"] = trained_on
     if earlier is not None:
         _check_same_evaluation(earlier, config, out_dir)
         results = earlier

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from rope_lm.compare import compare, find_results, log_to_wandb
+from rope_lm.compare import compare, find_results, log_to_wandb, tokenizer_id
 from rope_lm.errors import ConfigError
 from rope_lm.loggers import run_tags, sweep_group
 from tests import forked
@@ -593,6 +593,36 @@ def test_a_train_long_reference_is_an_upper_bound_row(tmp_path):
     other = write_run(tmp_path / "other", "rope", train_len=256, lengths=[64, 128, 256], fingerprint="zzz")
     with pytest.raises(ConfigError, match="joins none of the compared tables"):
         compare(short, str(tmp_path / "out2"), references=[other])
+
+
+def test_a_checkpoint_scored_on_a_split_it_was_not_trained_on_joins_no_table(tiny_cache, tiny_data_options, tmp_path):
+    """Its BPE was trained on its own split, so the same book is cut into other tokens than those of the models
+    trained on this split: the evaluation records where its tokenizer came from, and compare keeps its
+    per-token PPL out of their tables (as a reference too); on its own split it joins as before."""
+    from rope_lm.eval_run import evaluate_checkpoint
+    from tests.test_diagnostics import save_tiny_checkpoint
+
+    ckpt = save_tiny_checkpoint(str(tmp_path / "run" / "checkpoints" / "last.ckpt"), tiny_cache, tiny_data_options)
+    options = {"multipliers": [1, 2], "token_budget": 64, "batch_tokens": 64, "bootstrap": 0}
+    own = evaluate_checkpoint(ckpt, [{"name": "none"}], options, {}, out_dir=str(tmp_path / "own"))
+    other = evaluate_checkpoint(ckpt, [{"name": "none"}], options, {"test_fraction": 0.4},
+                                out_dir=str(tmp_path / "other"))
+    assert "tokenizer_trained_on" not in own["config"]
+    assert other["config"]["tokenizer_trained_on"] == tiny_cache.corpus["fingerprint"] != other["corpus"]["fingerprint"]
+    assert tokenizer_id(own["config"]) == "bpe320@200000"
+    assert tokenizer_id(other["config"]) == f"bpe320@200000 of {tiny_cache.corpus['fingerprint']}"
+    table = write_run(tmp_path / "table", "rope", train_len=8, lengths=[8, 16], fingerprint=other["corpus"]["fingerprint"],
+                      vocab=320, config={"data": {"vocab_size": 320, "tokenizer_train_chars": 200_000}})
+    long = write_run(tmp_path / "long", "rope", train_len=16, lengths=[8, 16], fingerprint=other["corpus"]["fingerprint"],
+                     config={"data": {"vocab_size": 320, "tokenizer_train_chars": 200_000},
+                             "tokenizer_trained_on": tiny_cache.corpus["fingerprint"]})
+    with pytest.raises(ConfigError, match="joins none of the compared tables.*trained on another split"):
+        compare([table], str(tmp_path / "out"), references=[long])
+    json_path = os.path.join(long, "results.json")
+    results = json.load(open(json_path))
+    del results["config"]["tokenizer_trained_on"]
+    json.dump(results, open(json_path, "w"))
+    assert compare([table], str(tmp_path / "out2"), references=[long])["groups"][0].series[-1].trained_at == 16
 
 
 def test_retrieval_rows_are_named_like_the_perplexity_rows_of_the_same_checkpoints(tmp_path):
