@@ -676,7 +676,9 @@ def _window_section(g: Group, lengths: list[int]) -> list[str]:
             return "–"
         return against_control(a, b, f"{_fmt(_rel(s, L))} vs {_fmt(_rel(control, L))}", higher_is_better=False)
 
-    rows = [[s.label] + [cell(s, L) for L in past] for s in g.series if s is not control]
+    # Reference rows (trained longer) are read on absolute PPL above: relative to their own PPL at L_train,
+    # a length they were not trained at, they say nothing about reading past it.
+    rows = [[s.label] + [cell(s, L) for L in past] for s in g.series if s is not control and s.trained_at is None]
     if not past or not rows:
         return []
     return [f"### Against the window-L control ({control.label})", "",

@@ -133,8 +133,12 @@ def _window(by: dict, labels: list[str], lengths: list[int], L0: int, name: str)
         return against_control(ci(a), ci(b), f"{_fmt(_number(a['ppl_rel']))} vs {_fmt(_number(b['ppl_rel']))}",
                                higher_is_better=False)
 
+    # A reference row (trained longer) is read on absolute PPL in the other blocks: its PPL relative to its
+    # own at L0, a length it was not trained at, says nothing about reading past L0.
+    reference = lambda label: str((by.get((label, L0)) or {}).get("trained_at") or L0) not in (str(L0), f"{L0}.0")
     return markdown_table(["run"] + [f"{L} ({L / L0:g}×)" for L in past],
-                          [[label] + [cell(label, L) for L in past] for label in labels if label != control])
+                          [[label] + [cell(label, L) for L in past] for label in labels
+                           if label != control and not reference(label)])
 
 
 def _accuracy(path: str, name: str, options: dict) -> str:

@@ -590,6 +590,10 @@ def test_a_train_long_reference_is_an_upper_bound_row(tmp_path):
     assert ref["within_noise_of_best"] == "" and rows[("alibi", 256)]["within_noise_of_best"] == "True"
     md = open(out["files"]["markdown"]).read()
     assert "Reference rows, trained at a longer length" in md and "best alibi (11.00)" in md
+    window = write_run(tmp_path / "window", "rope", {"window": lambda L: 10.0}, lengths=[64, 128, 256], ci=lambda L: 0.5)
+    md = open(compare([*short, window], str(tmp_path / "with_window"), references=[long])["files"]["markdown"]).read()
+    section = md.split("### Against the window-L control")[1]
+    assert "| alibi |" in section and "trained at 256" not in section  # read on absolute PPL, not against L
     other = write_run(tmp_path / "other", "rope", train_len=256, lengths=[64, 128, 256], fingerprint="zzz")
     with pytest.raises(ConfigError, match="joins none of the compared tables"):
         compare(short, str(tmp_path / "out2"), references=[other])

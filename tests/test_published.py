@@ -95,6 +95,13 @@ def test_rules_read_compare_csv_like_run_folders(tmp_path):
     assert P.ppl_rows([out]) and P.ppl_rows([out]) != []
     c = claim(rule="ppl_order", metric="ppl", multiplier=16, order=["alibi", "rope", "sinusoidal"])
     assert P.ppl_order(c, P.ppl_rows([out])).ours == P.ppl_order(c, P.ppl_rows([folder])).ours
+    # A train-long reference row (compare.py references=) is no arm of the study: the rope claim reads one rope.
+    long = write_run(tmp_path / "long", "rope", {"none": lambda L: 9.0}, train_len=1024, lengths=[64, 128, 1024])
+    with_ref = str(tmp_path / "cmp_ref")
+    compare([folder], with_ref, references=[long])
+    ratio = claim(rule="ratio_between", series="rope", multiplier=16, min=1.35, max=5.4)
+    assert any(r["trained_at"] == 1024 for r in P._read_csv(os.path.join(with_ref, "compare.csv")))
+    assert P.ratio_between(ratio, P.ppl_rows([with_ref])).verdict == P.MATCHED
     finetune = claim(rule="ppl_order", metric="ppl", multiplier=2, train_len="max", order=["rope+yarn", "rope+pi"])
     ft = str(tmp_path / "ft")
     write_run(os.path.join(ft, "a"), "rope", {"none": lambda L: 50.0}, train_len=64)

@@ -52,6 +52,14 @@ def test_a_window_block_reads_each_run_against_the_control(tmp_path):
                                        "| rope | no (1.50 vs 0.95) |\n| nope | tied (0.96 vs 0.95) |")
     with pytest.raises(ConfigError, match="needs exactly one window-L control .* it has 0"):
         render(f"{small(tmp_path)} window")
+    # A train-long reference row (compare.py's trained_at column) is left out: it was not trained at 64.
+    longer = tmp_path / "with_reference.csv"
+    reference = [("", "rope (trained at 1024)", "rope", "none", "", 64, 64, 1.0, 30.0, 29.0, 31.0, 1.0, "", ""),
+                 ("", "rope (trained at 1024)", "rope", "none", "", 64, 128, 2.0, 24.0, 23.0, 25.0, 0.8, "", "")]
+    longer.write_text(HEADER.rstrip("\n") + ",trained_at\n" + "".join(
+        ",".join(map(str, r)) + f",{1024 if r[1].endswith('(trained at 1024)') else 64}\n" for r in rows + reference))
+    assert render(f"{longer} window") == ("| run | 128 (2×) |\n|---|---|\n| alibi | **yes** (0.90 vs 0.95) |\n"
+                                          "| rope | no (1.50 vs 0.95) |\n| nope | tied (0.96 vs 0.95) |")
 
 
 def test_an_accuracy_block_is_the_hand_written_table(tmp_path):
