@@ -517,7 +517,7 @@ def _label(g: Group):
     label; a reference row says the length it was trained at."""
     for part in ([s for s in g.series if not s.given_label and s.trained_at is None],
                  [s for s in g.series if not s.given_label and s.trained_at is not None]):
-        entries = [(0, run_name(s.scheme, s.method, s.train_pos), s.flat_config, s.run_dir) for s in part]
+        entries = [(0, run_name(s.scheme, s.method, s.train_pos), s.flat_config, s.run_dir, s.seed) for s in part]
         for s, label in zip(part, distinct_labels(entries)):
             s.label = label + ("" if s.trained_at is None else f" (trained at {s.trained_at})")
     given = {s.given_label for s in g.series if s.given_label}

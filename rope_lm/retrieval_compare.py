@@ -41,10 +41,10 @@ def _threshold(r: dict) -> str:
 
 def retrieval_labels(runs: list[dict]) -> dict[str, str]:
     """run_dir -> scheme ([train: its training-time position method]) (+ method), as compare.py names
-    the same runs; told apart by the training settings they differ in (pos.base=10.0), else (older
-    files, without the checkpoint's settings) by their folders."""
+    the same runs; told apart by the training settings they differ in (pos.base=10.0), then by seed
+    (seed=1), else (older files, without the checkpoint's settings) by their folders."""
     entries = [(0, run_name(r["scheme"], r["method"], r.get("train_pos", "none")), flat_settings(r.get("config")),
-                r["run_dir"]) for r in runs]
+                r["run_dir"], (r.get("config") or {}).get("seed")) for r in runs]
     return dict(zip((r["run_dir"] for r in runs), distinct_labels(entries)))
 
 

@@ -599,6 +599,17 @@ def test_a_train_long_reference_is_an_upper_bound_row(tmp_path):
         compare(short, str(tmp_path / "out2"), references=[other])
 
 
+def test_seed_replicas_are_named_by_their_seeds_and_the_same_settings_twice_by_folder(tmp_path):
+    for name, seed in (("a", 0), ("b", 1), ("c", 1)):
+        write_run(tmp_path / "runs" / name, "rope", seed=seed)
+    write_run(tmp_path / "pair" / "x", "alibi", seed=2)
+    write_run(tmp_path / "pair" / "y", "alibi", seed=3)
+    labels = sorted(s.label for s in compare([str(tmp_path / "pair")], str(tmp_path / "o1"))["groups"][0].series)
+    assert labels == ["alibi (seed=2)", "alibi (seed=3)"]
+    labels = sorted(s.label for s in compare([str(tmp_path / "runs")], str(tmp_path / "o2"))["groups"][0].series)
+    assert labels == ["rope (a)", "rope (b)", "rope (c)"]  # two share seed 1: only the folders tell them apart
+
+
 def test_a_checkpoint_scored_on_a_split_it_was_not_trained_on_joins_no_table(tiny_cache, tiny_data_options, tmp_path):
     """Its BPE was trained on its own split, so the same book is cut into other tokens than those of the models
     trained on this split: the evaluation records where its tokenizer came from, and compare keeps its
