@@ -348,6 +348,14 @@ def _number(v: str | None) -> float | None:
     return float(v) if v not in ("", None) else None
 
 
+def reference_row(row: dict) -> bool:
+    """A row of compare.csv (cells as written or as numbers) that a reference
+    run, trained longer than its table (references=), wrote: trained_at is its
+    own training length, train_len the table's."""
+    trained_at = _number(row.get("trained_at"))
+    return trained_at is not None and trained_at != _number(row.get("train_len"))
+
+
 CSV_NAME = "compare.csv"
 CSV_FLOATS = ("ppl", "ppl_lo", "ppl_hi", "ppl_rel_lo", "ppl_rel_hi", "ppl_within", "ppl_beyond", "loss")
 
@@ -471,12 +479,12 @@ def add_references(groups: list[Group], references: list[Run]):
                 g.runs.append(Run(path=ref.path, results=ref.results, key=k, series=copies))
                 joined = True
         if not joined:
-            retokenized = " of " in ref.key.tokenizer and any(
-                (ref.key.fingerprint, ref.key.split, ref.key.protocol) == (g.key.fingerprint, g.key.split, g.key.protocol)
-                for g in groups)
-            why = (" Its tokenizer was trained on another split (the corpus after 'of'), so it cuts this text into "
-                   "other tokens than the table's models: train the reference on the table's own split."
-                   if retokenized else "")
+            same_text = [g for g in groups if (ref.key.fingerprint, ref.key.split, ref.key.protocol) ==
+                         (g.key.fingerprint, g.key.split, g.key.protocol)]
+            why = (f" Its tokenizer ({ref.key.tokenizer}) is not the table's ({same_text[0].key.tokenizer}), so it "
+                   f"cuts this text into other tokens than the table's models (a BPE trained on another split: 'of' "
+                   f"names it): train the reference on the table's own split and tokenizer."
+                   if same_text and same_text[0].key.tokenizer != ref.key.tokenizer else "")
             raise ConfigError(
                 f"The reference run {_short(ref.dir)} ({ref.key.describe()}) joins none of the compared tables: a "
                 f"reference must share a table's corpus, split, tokenizer and protocol, be trained longer than it, "

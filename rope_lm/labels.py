@@ -48,14 +48,14 @@ def differing_keys(flat: list[dict]) -> list[str]:
 
 
 def distinct_labels(entries: list[tuple]) -> list[str]:
-    """entries: (scope, base label, flat settings, folder[, seed]) per row;
+    """entries: (scope, base label, flat settings, folder, seed or None) per row;
     rows of one scope (a table) must not share a name. Every row of a base
     label that clashes somewhere gets the settings the clashing rows differ in
     (so one label reads the same in every scope: a budget sweep's
     train.steps=1000 / 10000); rows that still clash get their seeds where
     those tell them apart (seed replicas: "rope (seed=1)"), else their
     folders (the same settings twice)."""
-    labels = [e[1] for e in entries]
+    labels = [base for _, base, _, _, _ in entries]
 
     def clashes():
         by = {}
@@ -66,12 +66,12 @@ def distinct_labels(entries: list[tuple]) -> list[str]:
     shown = {}
     for idx in clashes():
         shown.setdefault(labels[idx[0]], set()).update(differing_keys([entries[i][2] for i in idx]))
-    for i, (_, _, flat, *_rest) in enumerate(entries):
+    for i, (_, _, flat, _, _) in enumerate(entries):
         keys = [k for k in sorted(shown.get(labels[i], ())) if k in flat]
         if keys:
             labels[i] += " (" + ", ".join(f"{k}={flat[k]}" for k in keys) + ")"
     for idx in clashes():
-        seeds = [entries[i][4] if len(entries[i]) > 4 else None for i in idx]
+        seeds = [entries[i][4] for i in idx]
         if None not in seeds and len(set(map(str, seeds))) == len(idx):
             for i, seed in zip(idx, seeds):
                 labels[i] += f" (seed={seed})"

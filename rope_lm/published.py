@@ -59,7 +59,7 @@ def ppl_rows(paths: list[str]) -> list[dict]:
     study: its compare.csv files, or computed from its run folders. Reference
     rows (runs trained longer, compare.py references=) are no arm of the
     study and are left out."""
-    from rope_lm.compare import csv_rows, files_named, group_runs, load_runs
+    from rope_lm.compare import csv_rows, files_named, group_runs, load_runs, reference_row
 
     rows = []
     for p in paths:
@@ -77,7 +77,7 @@ def ppl_rows(paths: list[str]) -> list[dict]:
         else:
             raise ConfigError(f"{p} does not exist (resolved from {os.getcwd()}); give a study's compare.csv, the "
                               f"folder compare.py wrote, or its run folders.")
-    return [r for r in rows if r.get("trained_at") in (None, "", r.get("train_len"))]
+    return [r for r in rows if not reference_row(r)]
 
 
 def task_rows(paths: list[str]) -> list[dict]:

@@ -41,7 +41,7 @@ import csv
 import os
 import re
 
-from rope_lm.compare import WINDOW_CONTROL, _fmt, _number, _with_ci, against_control
+from rope_lm.compare import WINDOW_CONTROL, _fmt, _number, _with_ci, against_control, reference_row
 from rope_lm.errors import ConfigError
 from rope_lm.tables import markdown_table
 
@@ -135,10 +135,9 @@ def _window(by: dict, labels: list[str], lengths: list[int], L0: int, name: str)
 
     # A reference row (trained longer) is read on absolute PPL in the other blocks: its PPL relative to its
     # own at L0, a length it was not trained at, says nothing about reading past L0.
-    reference = lambda label: str((by.get((label, L0)) or {}).get("trained_at") or L0) not in (str(L0), f"{L0}.0")
     return markdown_table(["run"] + [f"{L} ({L / L0:g}×)" for L in past],
                           [[label] + [cell(label, L) for L in past] for label in labels
-                           if label != control and not reference(label)])
+                           if label != control and not reference_row(by.get((label, L0)) or {})])
 
 
 def _accuracy(path: str, name: str, options: dict) -> str:

@@ -39,7 +39,8 @@ def task_labels(runs: list[dict]) -> dict[str, str]:
     that would share a name are told apart by rope_lm.labels."""
     seeds = len({r.get("seed") for r in runs}) > 1
     entries = [(r["task"], r["scheme"] + ("" if r["method"] == "none" else f" + {r['method']}")
-                + (f" (seed {r['seed']})" if seeds else ""), flat_settings(r.get("config")), r["run_dir"]) for r in runs]
+                + (f" (seed {r['seed']})" if seeds else ""), flat_settings(r.get("config")), r["run_dir"], r.get("seed"))
+               for r in runs]
     return dict(zip((r["run_dir"] for r in runs), distinct_labels(entries)))
 
 
