@@ -44,7 +44,8 @@ CSV_COLUMNS = ["group", "label", "scheme", "method", "seed", "train_len", "lengt
                "protocol", "within_noise_of_best", "corpus", "split", "tokenizer", "run_dir", "train_pos",
                "trained_at"]
 SEED_COLUMNS = ["group", "label", "scheme", "method", "train_len", "length", "n_seeds", "seeds", "ppl_mean", "ppl_sd",
-                "ppl_min", "ppl_max", "noise_lo", "noise_hi", "per_seed", "within_noise_of_best", "run_dirs"]
+                "ppl_min", "ppl_max", "noise_lo", "noise_hi", "rel_mean", "rel_sd", "per_seed", "within_noise_of_best",
+                "run_dirs"]
 
 
 @dataclass(frozen=True)
@@ -112,10 +113,12 @@ class SeedAggregate:
     def values(self, length) -> dict:
         return {s.seed: s.ppl(length) for s in self.members if s.ppl(length) is not None}
 
-    def stats(self, length) -> dict | None:
+    def stats(self, length, relative_to=None) -> dict | None:
         """mean, sd (n - 1 in the denominator), min, max over seeds; None
-        unless at least two seeds reached this length."""
-        v = list(self.values(length).values())
+        unless at least two seeds reached this length. `relative_to`: of each
+        seed's PPL relative to its own PPL at that length (L_train)."""
+        values, base = self.values(length), self.values(relative_to) if relative_to else {}
+        v = [x / base[k] for k, x in values.items() if k in base] if relative_to else list(values.values())
         if len(v) < 2:
             return None
         mean = sum(v) / len(v)
@@ -730,12 +733,13 @@ def seed_rows(groups: list[Group]) -> list[dict]:
                 if st is None:
                     continue
                 lo, hi = a.noise(L)
-                values = a.values(L)
+                values, rel = a.values(L), a.stats(L, relative_to=g.key.train_len)
                 rows.append({
                     "group": g.key.slug() if multi else "", "label": a.label, "scheme": a.scheme, "method": a.method,
                     "train_len": g.key.train_len, "length": L, "n_seeds": st["n"],
                     "seeds": ";".join(str(k) for k in values), "ppl_mean": st["mean"], "ppl_sd": st["sd"],
                     "ppl_min": st["min"], "ppl_max": st["max"], "noise_lo": lo, "noise_hi": hi,
+                    "rel_mean": rel and rel["mean"], "rel_sd": rel and rel["sd"],
                     "per_seed": ";".join(f"{k}={v!r}" for k, v in values.items()),
                     "within_noise_of_best": _noise_flag(g, a, L),
                     "run_dirs": ";".join(from_here(s.run_dir) for s in a.members),

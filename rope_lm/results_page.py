@@ -24,6 +24,9 @@ The marker names a file (relative to the repository root) and a kind:
   method is `window`) at each length past L_train: **yes** where a run's
   relative PPL is below the control's beyond both intervals, no where above,
   tied within (compare.against_control);
+* ``seeds``: a compare_seeds.csv's schemes run with several seeds, one line
+  each: mean ± sd over seeds of the PPL at L_train and at the whole
+  multiples of it, then of each seed's PPL relative to its own at L_train;
 * ``md``: a markdown file as it is (e.g. check_published.md);
 * ``search``: the scripts/search.py results (search.json) in a folder, one
   row per method and target: the test PPL of plain positions, the method's
@@ -46,7 +49,7 @@ from rope_lm.errors import ConfigError
 from rope_lm.tables import markdown_table
 
 BLOCK = re.compile(r"^<!-- table: (?P<spec>[^>]*?) -->\n(?P<body>.*?)^<!-- end table -->$", re.M | re.S)
-KINDS = ("ppl", "rel", "summary", "window", "accuracy", "effective", "md", "search")
+KINDS = ("ppl", "rel", "summary", "window", "seeds", "accuracy", "effective", "md", "search")
 
 
 def _pick(labels: list[str], options: dict, lacking: str) -> list[str]:
@@ -88,6 +91,8 @@ def render(spec: str, root: str = ".") -> str:
     if kind == "md":
         with open(path) as f:
             return f.read().rstrip("\n")
+    if kind == "seeds":
+        return _seeds(path, parts[0], options)
     if kind == "accuracy":
         return _accuracy(path, parts[0], options)
     if kind == "effective":
@@ -173,6 +178,35 @@ def _accuracy(path: str, name: str, options: dict) -> str:
 
     return markdown_table(["run"] + [f"{L} ({L / L0:g}×)" for L in lengths],
                           [[label] + [cell(t, L) for L in lengths] for label, t in tables.items()])
+
+
+def _seeds(path: str, name: str, options: dict) -> str:
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    if not rows or "rel_mean" not in rows[0]:
+        raise ConfigError(f"{name} is no compare_seeds.csv with relative PPL (rel_mean): point the block at the "
+                          f"compare_seeds.csv of a comparison, regenerated with today's scripts/compare.py.")
+    by = {(r["label"], int(float(r["length"]))): r for r in rows}
+    labels = _pick(list(dict.fromkeys(r["label"] for r in rows)), options, f"{name} has no run")
+    train_len = {int(float(by[k]["train_len"])) for k in by if k[0] in labels}
+    if len(train_len) != 1:
+        raise ConfigError(f"The runs {', '.join(labels)} of {name} have different training lengths "
+                          f"({sorted(train_len)}); pick one group with labels=.")
+    L0 = train_len.pop()
+    far = sorted({L for _, L in by if L > L0 and L % L0 == 0})
+
+    def cell(label, L, mean, sd, digits=None):
+        r = by.get((label, L)) or {}
+        m, s = _number(r.get(mean)), _number(r.get(sd))
+        if m is None or s is None:
+            return "–"
+        return f"{m:.{digits}f} ± {s:.{digits}f}" if digits else f"{_fmt(m)} ± {_fmt(s)}"
+
+    return markdown_table(["scheme (seeds)", f"{L0} (1×)"] + [f"{L // L0}×" for L in far] +
+                          [f"relative at {far[0] // L0}×"] + [f"{L // L0}×" for L in far[1:]],
+                          [[label, cell(label, L0, "ppl_mean", "ppl_sd")] +
+                           [cell(label, L, "ppl_mean", "ppl_sd") for L in far] +
+                           [cell(label, L, "rel_mean", "rel_sd", 2) for L in far] for label in labels])
 
 
 def _effective(path: str, name: str, options: dict) -> str:

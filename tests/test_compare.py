@@ -12,6 +12,7 @@ import pytest
 from rope_lm.compare import compare, find_results, log_to_wandb, tokenizer_id
 from rope_lm.errors import ConfigError
 from rope_lm.loggers import run_tags, sweep_group
+from rope_lm.results_page import render
 from tests import forked
 from tests.conftest import ROOT
 
@@ -320,6 +321,16 @@ def test_runs_differing_only_in_seed_aggregate_to_mean_and_sd(tmp_path):
     md = (tmp_path / "o" / "compare.md").read_text()
     assert "| rope (3 seeds) | 11.00 ± 1.00 | 21.00 ± 1.00 | 83.00 ± 3.00 |" in md
     assert "seed 0 10.00, seed 1 11.00, seed 2 12.00" in md
+    # Relative PPL per seed, each to its own PPL at 64: at 256 tokens 80/10, 86/11 and 83/12.
+    rel = [8.0, 86 / 11, 83 / 12]
+    mean = sum(rel) / 3
+    assert float(rows[256]["rel_mean"]) == pytest.approx(mean)
+    assert float(rows[256]["rel_sd"]) == pytest.approx((sum((x - mean) ** 2 for x in rel) / 2) ** 0.5)
+    assert float(rows[128]["rel_mean"]) == pytest.approx((2.0 + 2.0 + 1.75) / 3)
+    # The page's seeds block reads that file as it is.
+    assert render(f"{tmp_path / 'o' / 'compare_seeds.csv'} seeds") == (
+        "| scheme (seeds) | 64 (1×) | 2× | 4× | relative at 2× | 4× |\n|---|---|---|---|---|---|\n"
+        "| rope (3 seeds) | 11.00 ± 1.00 | 21.00 ± 1.00 | 83.00 ± 3.00 | 1.92 ± 0.14 | 7.58 ± 0.58 |")
 
 
 def test_a_seed_aggregate_needs_the_same_settings(tmp_path):

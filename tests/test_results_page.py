@@ -118,7 +118,8 @@ def test_a_changed_csv_makes_its_block_stale_and_regenerating_mends_it(tmp_path)
 
 
 @pytest.mark.parametrize("spec, words", [
-    ("docs/results/pe_pg19_6000/compare.csv", "kind one of ppl, rel, summary, window, accuracy, effective, md, search"),
+    ("docs/results/pe_pg19_6000/compare.csv", "kind one of ppl, rel, summary, window, seeds, accuracy, effective, md, search"),
+    ("docs/results/pe_pg19_6000/compare.csv seeds", "no compare_seeds.csv with relative PPL"),
     ("docs/results/nowhere/compare.csv ppl", "does not exist"),
     ("docs/results/pe_pg19_6000/compare.csv ppl labels=rope,xpos", "has no run labelled xpos"),
 ])
