@@ -110,15 +110,20 @@ class SeedAggregate:
     def method(self):
         return self.members[0].method
 
-    def values(self, length) -> dict:
-        return {s.seed: s.ppl(length) for s in self.members if s.ppl(length) is not None}
+    def values(self, length, relative_to=None) -> dict:
+        """PPL per seed; with `relative_to` (L_train), each seed's PPL over its
+        own at that length."""
+        v = {s.seed: s.ppl(length) for s in self.members if s.ppl(length) is not None}
+        if relative_to is None:
+            return v
+        base = self.values(relative_to)
+        return {k: x / base[k] for k, x in v.items() if k in base}
 
     def stats(self, length, relative_to=None) -> dict | None:
-        """mean, sd (n - 1 in the denominator), min, max over seeds; None
-        unless at least two seeds reached this length. `relative_to`: of each
-        seed's PPL relative to its own PPL at that length (L_train)."""
-        values, base = self.values(length), self.values(relative_to) if relative_to else {}
-        v = [x / base[k] for k, x in values.items() if k in base] if relative_to else list(values.values())
+        """mean, sd (n - 1 in the denominator), min, max over seeds (of PPL,
+        or relative to `relative_to`); None unless at least two seeds reached
+        this length."""
+        v = list(self.values(length, relative_to).values())
         if len(v) < 2:
             return None
         mean = sum(v) / len(v)

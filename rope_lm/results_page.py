@@ -91,25 +91,21 @@ def render(spec: str, root: str = ".") -> str:
     if kind == "md":
         with open(path) as f:
             return f.read().rstrip("\n")
-    if kind == "seeds":
-        return _seeds(path, parts[0], options)
     if kind == "accuracy":
         return _accuracy(path, parts[0], options)
     if kind == "effective":
         return _effective(path, parts[0], options)
     labels, lengths, by = _runs(path, options)
+    if kind == "seeds" and "rel_mean" not in next(iter(by.values())):
+        raise ConfigError(f"{parts[0]} is no compare_seeds.csv with relative PPL (rel_mean): point the block at the "
+                          f"compare_seeds.csv of a comparison, regenerated with today's scripts/compare.py.")
     train_len = {int(float(by[k]["train_len"])) for k in by if k[0] in labels}
     if len(train_len) != 1:
         raise ConfigError(f"The runs {', '.join(labels)} of {parts[0]} have different training lengths "
                           f"({sorted(train_len)}); pick one group with labels= or group=.")
     L0 = train_len.pop()
-    if kind == "summary":
-        far = [L for L in lengths if L > L0 and L % L0 == 0]
-        value = lambda label, L, k: _fmt(_number((by.get((label, L)) or {}).get(k)))
-        return markdown_table(["run", f"{L0} (1×)"] + [f"{L // L0}×" for L in far] +
-                              [f"relative at {far[0] // L0}×"] + [f"{L // L0}×" for L in far[1:]],
-                              [[label, value(label, L0, "ppl")] + [value(label, L, "ppl") for L in far] +
-                               [value(label, L, "ppl_rel") for L in far] for label in labels])
+    if kind in ("summary", "seeds"):
+        return _summary(by, labels, lengths, L0, seeds=kind == "seeds")
     if kind == "window":
         return _window(by, labels, lengths, L0, parts[0])
     key = ("ppl", "ppl_lo", "ppl_hi") if kind == "ppl" else ("ppl_rel", "ppl_rel_lo", "ppl_rel_hi")
@@ -120,6 +116,25 @@ def render(spec: str, root: str = ".") -> str:
 
     return markdown_table(["run"] + [f"{L} ({L / L0:g}×)" for L in lengths],
                           [[label] + [cell(label, L) for L in lengths] for label in labels])
+
+
+def _summary(by: dict, labels: list[str], lengths: list[int], L0: int, seeds: bool) -> str:
+    """PPL at L0 and its whole multiples, then relative to L0: a compare.csv's
+    value per run, or a compare_seeds.csv's mean ± sd per scheme."""
+    far = [L for L in lengths if L > L0 and L % L0 == 0]
+
+    def value(label, L, k):
+        r = by.get((label, L)) or {}
+        if not seeds:
+            return _fmt(_number(r.get(k)))
+        mean, sd = _number(r.get(f"{k}_mean")), _number(r.get(f"{k}_sd"))
+        return "–" if mean is None or sd is None else f"{_fmt(mean)} ± {_fmt(sd)}"
+
+    absolute, relative = ("ppl", "rel") if seeds else ("ppl", "ppl_rel")
+    return markdown_table(["scheme (seeds)" if seeds else "run", f"{L0} (1×)"] + [f"{L // L0}×" for L in far] +
+                          [f"relative at {far[0] // L0}×"] + [f"{L // L0}×" for L in far[1:]],
+                          [[label, value(label, L0, absolute)] + [value(label, L, absolute) for L in far] +
+                           [value(label, L, relative) for L in far] for label in labels])
 
 
 def _window(by: dict, labels: list[str], lengths: list[int], L0: int, name: str) -> str:
@@ -178,35 +193,6 @@ def _accuracy(path: str, name: str, options: dict) -> str:
 
     return markdown_table(["run"] + [f"{L} ({L / L0:g}×)" for L in lengths],
                           [[label] + [cell(t, L) for L in lengths] for label, t in tables.items()])
-
-
-def _seeds(path: str, name: str, options: dict) -> str:
-    with open(path, newline="") as f:
-        rows = list(csv.DictReader(f))
-    if not rows or "rel_mean" not in rows[0]:
-        raise ConfigError(f"{name} is no compare_seeds.csv with relative PPL (rel_mean): point the block at the "
-                          f"compare_seeds.csv of a comparison, regenerated with today's scripts/compare.py.")
-    by = {(r["label"], int(float(r["length"]))): r for r in rows}
-    labels = _pick(list(dict.fromkeys(r["label"] for r in rows)), options, f"{name} has no run")
-    train_len = {int(float(by[k]["train_len"])) for k in by if k[0] in labels}
-    if len(train_len) != 1:
-        raise ConfigError(f"The runs {', '.join(labels)} of {name} have different training lengths "
-                          f"({sorted(train_len)}); pick one group with labels=.")
-    L0 = train_len.pop()
-    far = sorted({L for _, L in by if L > L0 and L % L0 == 0})
-
-    def cell(label, L, mean, sd, digits=None):
-        r = by.get((label, L)) or {}
-        m, s = _number(r.get(mean)), _number(r.get(sd))
-        if m is None or s is None:
-            return "–"
-        return f"{m:.{digits}f} ± {s:.{digits}f}" if digits else f"{_fmt(m)} ± {_fmt(s)}"
-
-    return markdown_table(["scheme (seeds)", f"{L0} (1×)"] + [f"{L // L0}×" for L in far] +
-                          [f"relative at {far[0] // L0}×"] + [f"{L // L0}×" for L in far[1:]],
-                          [[label, cell(label, L0, "ppl_mean", "ppl_sd")] +
-                           [cell(label, L, "ppl_mean", "ppl_sd") for L in far] +
-                           [cell(label, L, "rel_mean", "rel_sd", 2) for L in far] for label in labels])
 
 
 def _effective(path: str, name: str, options: dict) -> str:

@@ -327,8 +327,9 @@ def test_runs_differing_only_in_seed_aggregate_to_mean_and_sd(tmp_path):
     assert float(rows[256]["rel_mean"]) == pytest.approx(mean)
     assert float(rows[256]["rel_sd"]) == pytest.approx((sum((x - mean) ** 2 for x in rel) / 2) ** 0.5)
     assert float(rows[128]["rel_mean"]) == pytest.approx((2.0 + 2.0 + 1.75) / 3)
-    # The page's seeds block reads that file as it is.
-    assert render(f"{tmp_path / 'o' / 'compare_seeds.csv'} seeds") == (
+    # The page's seeds block reads that file as it is (this comparison has two groups: group= picks one, as
+    # in every block).
+    assert render(f"{tmp_path / 'o' / 'compare_seeds.csv'} seeds group={rows[64]['group']}") == (
         "| scheme (seeds) | 64 (1×) | 2× | 4× | relative at 2× | 4× |\n|---|---|---|---|---|---|\n"
         "| rope (3 seeds) | 11.00 ± 1.00 | 21.00 ± 1.00 | 83.00 ± 3.00 | 1.92 ± 0.14 | 7.58 ± 0.58 |")
 
