@@ -27,7 +27,12 @@ The marker names a file (relative to the repository root) and a kind:
 * ``seeds``: a compare_seeds.csv's schemes run with several seeds, one line
   each: mean ± sd over seeds of the PPL at L_train and at the whole
   multiples of it, then of each seed's PPL relative to its own at L_train;
-* ``md``: a markdown file as it is (e.g. check_published.md);
+* ``md``: a markdown file as it is (e.g. check_published.md), or with
+  ``table=N`` only its N-th table (e.g. the inside / past table that heads a
+  compare_tasks.md);
+* ``lm_eval``: a folder of lm-evaluation-harness result files (its
+  ``--output_path`` JSONs), one row per file: the rope-lm model arguments
+  other than the checkpoint, each task's metrics, and lm-eval's own wall time;
 * ``search``: the scripts/search.py results (search.json) in a folder, one
   row per method and target: the test PPL of plain positions, the method's
   defaults and the searched settings, and searched / defaults on the same
@@ -49,7 +54,8 @@ from rope_lm.errors import ConfigError
 from rope_lm.tables import markdown_table
 
 BLOCK = re.compile(r"^<!-- table: (?P<spec>[^>]*?) -->\n(?P<body>.*?)^<!-- end table -->$", re.M | re.S)
-KINDS = ("ppl", "rel", "summary", "window", "seeds", "accuracy", "effective", "md", "search")
+KINDS = ("ppl", "rel", "summary", "window", "seeds", "accuracy", "effective", "md", "search", "lm_eval")
+FOLDER_KINDS = ("search", "lm_eval")
 
 
 def _pick(labels: list[str], options: dict, lacking: str) -> list[str]:
@@ -83,14 +89,17 @@ def render(spec: str, root: str = ".") -> str:
                           f"[labels=a,b] [group=g] -->` with kind one of {', '.join(KINDS)}.")
     path, kind = os.path.join(root, parts[0]), parts[1]
     options = dict(p.split("=", 1) for p in parts[2:])
-    if not (os.path.isdir if kind == "search" else os.path.isfile)(path):
+    if not (os.path.isdir if kind in FOLDER_KINDS else os.path.isfile)(path):
         raise ConfigError(f"{parts[0]} (named by a results-page block) does not exist under {os.path.abspath(root)}"
-                          f"{' as a folder' if kind == 'search' else ''}.")
+                          f"{' as a folder' if kind in FOLDER_KINDS else ''}.")
     if kind == "search":
         return _search(path, parts[0])
+    if kind == "lm_eval":
+        return _lm_eval(path, parts[0])
     if kind == "md":
         with open(path) as f:
-            return f.read().rstrip("\n")
+            text = f.read().rstrip("\n")
+        return _nth_table(text, options["table"], parts[0]) if "table" in options else text
     if kind == "accuracy":
         return _accuracy(path, parts[0], options)
     if kind == "effective":
@@ -239,6 +248,54 @@ def _search(path: str, name: str) -> str:
                      str(s["trials"])])
     return markdown_table(["method", "target", "none", "defaults", "searched", "searched / defaults (paired)",
                            "trials"], rows)
+
+
+def _nth_table(text: str, n: str, name: str) -> str:
+    """The n-th (1-based) markdown table of a file: its consecutive `|` lines."""
+    tables = re.findall(r"(?:^\|.*\|$\n?)+", text, re.M)
+    if not n.isdigit() or not 1 <= int(n) <= len(tables):
+        raise ConfigError(f"A results-page block asks for table={n} of {name}, which has {len(tables)} table(s): "
+                          f"give table= a number from 1 to {len(tables)}.")
+    return tables[int(n) - 1].rstrip("\n")
+
+
+def _lm_eval(path: str, name: str) -> str:
+    """lm-eval's result JSONs in a folder, a row per file: the model arguments
+    that are not the checkpoint, then every task's metrics (stderr left out: lm-eval
+    gives none for perplexity tasks) and lm-eval's evaluation time."""
+    import json
+
+    found = []
+    for file in sorted(f for f in os.listdir(path) if f.endswith(".json")):
+        with open(os.path.join(path, file)) as f:
+            r = json.load(f)
+        if not isinstance(r, dict) or "results" not in r:
+            raise ConfigError(f"{name}/{file} is not an lm-evaluation-harness result file (no `results`): keep only "
+                              f"lm_eval's --output_path JSONs in the folder.")
+        found.append(r)
+    if not found:
+        raise ConfigError(f"{name} holds no lm-eval result JSON: copy the files lm_eval wrote under --output_path.")
+    metrics = list(dict.fromkeys((task, k) for r in found for task, m in r["results"].items() for k in m
+                                 if isinstance(m[k], (int, float)) and "stderr" not in k and k != "sample_len"))
+
+    def arguments(r):
+        args = (r.get("config") or {}).get("model_args") or {}
+        if isinstance(args, str):
+            args = dict(a.split("=", 1) for a in args.split(",") if "=" in a)
+        return ", ".join(f"{k}={v}" for k, v in args.items() if k != "ckpt") or "–"
+
+    def number(v):
+        return "–" if v is None else f"{v:,.0f}" if abs(v) >= 1e4 else f"{v:.3f}"
+
+    def seconds(r):
+        t = _number(r.get("total_evaluation_time_seconds"))
+        return "–" if t is None else f"{t:.0f} s"
+
+    several = len({task for task, _ in metrics}) > 1
+    return markdown_table(["model arguments"] + [(f"{task} " if several else "") + k.split(",")[0] for task, k in metrics]
+                          + ["evaluation time"],
+                          [[arguments(r)] + [number(r["results"].get(task, {}).get(k)) for task, k in metrics]
+                           + [seconds(r)] for r in found])
 
 
 def regenerate(text: str, root: str = ".") -> tuple[str, list[str]]:

@@ -107,6 +107,49 @@ def test_a_search_block_is_the_hand_written_table(tmp_path):
         render(f"{tmp_path / 'nowhere'} search")
 
 
+def test_an_md_block_can_take_one_table_of_its_file(tmp_path):
+    """table=N is the N-th run of `|` lines, whatever text lies between."""
+    md = tmp_path / "compare_tasks.md"
+    md.write_text("# title\n\nExact match:\n\n| task | rope |\n|---|---|\n| copy | 100% / 0% |\n\n## copy\n\n"
+                  "| run | 1-2 |\n|---|---|\n| rope | 100% |\n")
+    assert render(f"{md} md table=1") == "| task | rope |\n|---|---|\n| copy | 100% / 0% |"
+    assert render(f"{md} md table=2") == "| run | 1-2 |\n|---|---|\n| rope | 100% |"
+    assert render(f"{md} md").startswith("# title")
+    for bad in ("3", "0", "x"):
+        with pytest.raises(ConfigError, match=f"table={bad} of .* which has 2 table"):
+            render(f"{md} md table={bad}")
+
+
+def test_an_lm_eval_block_is_the_hand_written_table(tmp_path):
+    """A row per lm-eval result file: model arguments without the checkpoint, the metrics (no stderr,
+    no sample_len), lm-eval's own time."""
+    import json
+
+    def result(name, scaling, word, byte, seconds):
+        (tmp_path / name).write_text(json.dumps({
+            "results": {"wikitext": {"alias": "wikitext", "sample_len": 62, "word_perplexity,none": word,
+                                     "word_perplexity_stderr,none": "N/A", "byte_perplexity,none": byte}},
+            "config": {"model_args": {"ckpt": "outputs/x", "scaling": scaling}},
+            "total_evaluation_time_seconds": seconds}))
+
+    result("none.json", "none", 123456.7, 2.5, 60.4)
+    result("yarn.json", "yarn", 99.5, 2.25, 9.6)
+    assert render(f"{tmp_path} lm_eval") == (
+        "| model arguments | word_perplexity | byte_perplexity | evaluation time |\n|---|---|---|---|\n"
+        "| scaling=none | 123,457 | 2.500 | 60 s |\n| scaling=yarn | 99.500 | 2.250 | 10 s |")
+    (tmp_path / "other.json").write_text("{}")
+    with pytest.raises(ConfigError, match="other.json is not an lm-evaluation-harness result file"):
+        render(f"{tmp_path} lm_eval")
+    with pytest.raises(ConfigError, match="holds no lm-eval result JSON"):
+        render(f"{_empty(tmp_path)} lm_eval")
+
+
+def _empty(tmp_path):
+    d = tmp_path / "empty"
+    d.mkdir()
+    return d
+
+
 def test_a_changed_csv_makes_its_block_stale_and_regenerating_mends_it(tmp_path):
     csv = small(tmp_path)
     page = f"text\n\n<!-- table: {csv} ppl -->\n{render(csv + ' ppl')}\n<!-- end table -->\n\nmore\n"
@@ -118,7 +161,7 @@ def test_a_changed_csv_makes_its_block_stale_and_regenerating_mends_it(tmp_path)
 
 
 @pytest.mark.parametrize("spec, words", [
-    ("docs/results/pe_pg19_6000/compare.csv", "kind one of ppl, rel, summary, window, seeds, accuracy, effective, md, search"),
+    ("docs/results/pe_pg19_6000/compare.csv", "kind one of ppl, rel, summary, window, seeds, accuracy, effective, md, search, lm_eval"),
     ("docs/results/pe_pg19_6000/compare.csv seeds", "no compare_seeds.csv with relative PPL"),
     ("docs/results/nowhere/compare.csv ppl", "does not exist"),
     ("docs/results/pe_pg19_6000/compare.csv ppl labels=rope,xpos", "has no run labelled xpos"),
