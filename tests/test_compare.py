@@ -684,3 +684,28 @@ def test_train_long_presets_score_the_tables_they_bound():
     assert pg19["eval"] == {**headline["eval"], "lengths": pg19["eval"]["lengths"], "multipliers": pg19["eval"]["multipliers"]}
     assert {k: pg19["data"][k] for k in ("name", "path", "test_fraction", "valid_fraction")} == \
         {k: headline["data"][k] for k in ("name", "path", "test_fraction", "valid_fraction")}
+
+
+def test_gpu_presets_of_the_headline_and_its_train_long_row():
+    """pe_headline_125m is pe_extrapolation_125m for the headline's schemes and seeds, named by scheme and seed;
+    train_long_125m trains at its longest length on its token budget and scores its absolute lengths."""
+    from rope_lm.config import resolve_run
+
+    big, big_sweep = compose(["+experiment=pe_extrapolation_125m", "data.path=unused"])
+    head, sweep = compose(["+experiment=pe_headline_125m", "data.path=unused"])
+    assert sweep == {"experiment/pe_scheme@_global_": "rope,alibi,nope,t5,sinusoidal", "seed": "0,1,2"}
+    assert {k: head[k] for k in ("model", "data", "trainer", "eval", "optim")} == \
+        {k: big[k] for k in ("model", "data", "trainer", "eval", "optim")}
+    from hydra import compose as hydra_compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=os.path.join(ROOT, "conf"), version_base="1.3"):
+        cfg = hydra_compose(config_name="config", overrides=["+experiment=pe_headline_125m", "seed=2"],
+                            return_hydra_config=True)
+        assert cfg.hydra.sweep.subdir == "rope_seed2_none_L512"
+    table = resolve_run(big)
+    long = resolve_run(compose(["+experiment=train_long_125m", "data.path=unused"])[0])
+    assert long.pos["name"] == "rope" and long.model["name"] == "llama_125m"
+    assert long.lengths == table.lengths and max(long.lengths) == long.data.seq_len == 32 * 512
+    assert long.trainer.max_steps * long.data.batch_size * long.data.seq_len == \
+        table.trainer.max_steps * table.data.batch_size * table.data.seq_len
+    assert long.eval.protocol == table.eval.protocol == "documents"
