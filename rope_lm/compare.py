@@ -762,16 +762,21 @@ def to_csv(rows: list[dict], columns: list[str] = CSV_COLUMNS) -> str:
 
 def _styles(series: list[Series]):
     """A colour per series, except that a method's variants (`ntk` and
-    `ntk+logn`) share one and differ in dash, so they read as a pair. Past ten
-    colours, a new dash pattern keeps colours apart."""
+    `ntk+logn`) share one and differ in dash, so they read as a pair, and
+    seed replicas (the same setting, another seed) share one and differ in
+    dash, so a scheme's seeds read as one colour. Past ten colours, a new dash
+    pattern keeps colours apart."""
     dashes = ["-", "--", ":", "-."]
-    colours, variants, out = {}, {}, []
+    colours, variants, replicas, out = {}, {}, {}, []
     for s in series:
         modifiers = s.method.partition("+")[2]
         base = s.label[: -len(modifiers) - 1] if modifiers and s.label.endswith("+" + modifiers) else s.label
-        c = colours.setdefault(base, len(colours))
+        key = ("seeds", s.setting) if s.seed is not None and s.setting and s.trained_at is None else base
+        seeds = replicas.setdefault(key, [])
+        seeds.append(s.seed)
+        c = colours.setdefault(key, len(colours))
         v = variants.setdefault(modifiers, len(variants))
-        out.append((f"C{c % 10}", dashes[(c // 10 + v) % len(dashes)]))
+        out.append((f"C{c % 10}", dashes[(c // 10 + v + len(seeds) - 1) % len(dashes)]))
     return out
 
 

@@ -709,3 +709,19 @@ def test_gpu_presets_of_the_headline_and_its_train_long_row():
     assert long.trainer.max_steps * long.data.batch_size * long.data.seq_len == \
         table.trainer.max_steps * table.data.batch_size * table.data.seq_len
     assert long.eval.protocol == table.eval.protocol == "documents"
+
+
+def test_plot_styles_give_a_schemes_seeds_one_colour_and_other_schemes_others():
+    from rope_lm.compare import Series, _styles
+
+    def series(label, scheme, seed, method="none"):
+        return Series(run_dir=label, scheme=scheme, method=method, train_len=64, rows={}, label=label, seed=seed,
+                      setting=f"{scheme}|{method}|" if seed is not None else "")
+
+    styles = _styles([series("rope (seed=0)", "rope", 0), series("rope (seed=1)", "rope", 1),
+                      series("alibi (seed=0)", "alibi", 0), series("alibi (seed=1)", "alibi", 1),
+                      series("rope + ntk", "rope", None, "ntk"), series("rope + ntk+logn", "rope", None, "ntk+logn")])
+    (r0, r1, a0, a1, n, nl) = styles
+    assert r0[0] == r1[0] and a0[0] == a1[0] and r0[0] != a0[0]  # a colour per scheme
+    assert r0[1] != r1[1] and a0[1] != a1[1]  # seeds apart by dash
+    assert n[0] == nl[0] and n[1] != nl[1] and n[0] not in (r0[0], a0[0])  # a method's variants: one colour
