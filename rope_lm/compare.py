@@ -772,11 +772,10 @@ def _styles(series: list[Series]):
         modifiers = s.method.partition("+")[2]
         base = s.label[: -len(modifiers) - 1] if modifiers and s.label.endswith("+" + modifiers) else s.label
         key = ("seeds", s.setting) if s.seed is not None and s.setting and s.trained_at is None else base
-        seeds = replicas.setdefault(key, [])
-        seeds.append(s.seed)
+        replica = replicas[key] = replicas.get(key, -1) + 1  # 0 for a key's first series
         c = colours.setdefault(key, len(colours))
         v = variants.setdefault(modifiers, len(variants))
-        out.append((f"C{c % 10}", dashes[(c // 10 + v + len(seeds) - 1) % len(dashes)]))
+        out.append((f"C{c % 10}", dashes[(c // 10 + v + replica) % len(dashes)]))
     return out
 
 
