@@ -18,15 +18,16 @@ from omegaconf import OmegaConf
 
 from rope_lm.cli import hydra_task, register_resolvers, user_errors
 
+
 @hydra.main(config_path="conf", config_name="config", version_base="1.3")
 @hydra_task
 def main(cfg):
-    from rope_lm.config import resolve_run
-    from rope_lm.errors import Interrupted, RopeLMError
-    from rope_lm.loggers import build_logger, finish
-    from rope_lm.pipeline import claim_train, train_and_evaluate
-    from rope_lm.report import RESULTS_MD
-    from rope_lm.run_folder import Skip, describe, record_failure
+    from rope_lm.core.errors import Interrupted, RopeLMError
+    from rope_lm.eval.report import RESULTS_MD
+    from rope_lm.runs.config import resolve_run
+    from rope_lm.runs.pipeline import claim_train, train_and_evaluate
+    from rope_lm.runs.run_folder import Skip, describe, record_failure
+    from rope_lm.train.loggers import build_logger, finish
 
     config = OmegaConf.to_container(cfg, resolve=True)
     hc = HydraConfig.get()
@@ -66,25 +67,34 @@ def resume_args(argv: list[str]) -> list[str]:
     if not runs:
         return argv
     run = os.path.abspath(runs[-1])
-    from rope_lm.run_folder import RUN_CONFIG
+    from rope_lm.runs.run_folder import RUN_CONFIG
 
     saved = os.path.join(run, RUN_CONFIG)
     if not os.path.isfile(saved):  # a run stopped before its end, or one from an older version
         saved = os.path.join(run, ".hydra", "config.yaml")
     if not os.path.isfile(saved):
         with user_errors():
-            from rope_lm.errors import ConfigError
+            from rope_lm.core.errors import ConfigError
 
-            raise ConfigError(f"resume={runs[-1]!r} is not a run directory: {saved} does not exist. Give the folder a "
-                              f"train.py run wrote (it holds .hydra/ and checkpoints/).")
+            raise ConfigError(
+                f"resume={runs[-1]!r} is not a run directory: {saved} does not exist. Give the folder a "
+                f"train.py run wrote (it holds .hydra/ and checkpoints/)."
+            )
     _check_readable(saved, runs[-1])
     rest = [a for a in argv if not a.startswith("resume=")]
     with user_errors():
         _refuse_group_choices(rest, runs[-1], saved)
     # ckpt_path= given too picks another checkpoint of the run (e.g. checkpoints/best.ckpt when last.ckpt is damaged).
     ckpt = [] if any(a.startswith("ckpt_path=") for a in rest) else [f"ckpt_path={run}"]
-    return ["--config-path", os.path.dirname(saved), "--config-name", os.path.basename(saved)[: -len(".yaml")],
-            *rest, *ckpt, f"hydra.run.dir={run}"]
+    return [
+        "--config-path",
+        os.path.dirname(saved),
+        "--config-name",
+        os.path.basename(saved)[: -len(".yaml")],
+        *rest,
+        *ckpt,
+        f"hydra.run.dir={run}",
+    ]
 
 
 def _check_readable(saved: str, given: str) -> None:
@@ -100,20 +110,25 @@ def _check_readable(saved: str, given: str) -> None:
         ok, problem = False, (str(e).splitlines() or [type(e).__name__])[0]
     if not ok:
         with user_errors():
-            from rope_lm.errors import ConfigError
+            from rope_lm.core.errors import ConfigError
 
-            raise ConfigError(f"resume={given!r}: the run's recorded settings {saved} cannot be read ({problem}). "
-                              f"Restore the file (the run's .hydra/config.yaml holds the settings it started with).")
+            raise ConfigError(
+                f"resume={given!r}: the run's recorded settings {saved} cannot be read ({problem}). "
+                f"Restore the file (the run's .hydra/config.yaml holds the settings it started with)."
+            )
 
 
 def _refuse_group_choices(overrides: list[str], given: str, saved: str):
     """A resumed run is composed from its saved settings, where `pos`, `model`,
     ... hold values, not a choice of conf/<group>/: `pos=alibi` cannot apply
     there, and a run's scheme and architecture are fixed by its weights."""
-    from rope_lm.errors import ConfigError
+    from rope_lm.core.errors import ConfigError
 
-    groups = {d for d in os.listdir(os.path.join(os.path.dirname(os.path.abspath(__file__)), "conf"))
-              if os.path.isdir(os.path.join(os.path.dirname(os.path.abspath(__file__)), "conf", d))}
+    groups = {
+        d
+        for d in os.listdir(os.path.join(os.path.dirname(os.path.abspath(__file__)), "conf"))
+        if os.path.isdir(os.path.join(os.path.dirname(os.path.abspath(__file__)), "conf", d))
+    }
     for arg in overrides:
         key, _, value = arg.partition("=")
         key = key.lstrip("+~")

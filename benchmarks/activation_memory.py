@@ -1,6 +1,6 @@
 """Activation checkpointing, measured: peak memory and time of one training
 step at each length, with and without model.activation_checkpointing, and
-the memory plan's figure (rope_lm/memory_plan.py) beside each measured peak.
+the memory plan's figure (rope_lm/train/memory_plan.py) beside each measured peak.
 
     python benchmarks/activation_memory.py                         # small at 2k, 4k, 8k
     python benchmarks/activation_memory.py models=[tiny] seq_lens=[256,512]
@@ -22,7 +22,6 @@ Random weights and tokens: memory and time depend on neither.
 """
 
 import ctypes
-import json
 import multiprocessing as mp
 import os
 import time
@@ -72,8 +71,8 @@ def measure(spec: dict) -> dict:
     """One cell, in this (fresh) process: bytes and seconds of the measured step."""
     import torch
 
-    from rope_lm.lit import OptimConfig, TrainingLoss, build_optimizer
-    from rope_lm.model import build_model
+    from rope_lm.model.transformer import build_model
+    from rope_lm.train.lit import OptimConfig, TrainingLoss, build_optimizer
 
     torch.set_num_threads(spec["threads"])
     device = spec["device"]
@@ -84,13 +83,24 @@ def measure(spec: dict) -> dict:
     _trim()
     before = torch.cuda.memory_allocated() if cuda else _status_kb("VmRSS") * 1024
     torch.manual_seed(0)
-    model = build_model({**spec["model"], "activation_checkpointing": spec["checkpointing"]}, spec["pos"], None,
-                        spec["vocab_size"], spec["seq_len"]).to(device).train()
+    model = (
+        build_model(
+            {**spec["model"], "activation_checkpointing": spec["checkpointing"]},
+            spec["pos"],
+            None,
+            spec["vocab_size"],
+            spec["seq_len"],
+        )
+        .to(device)
+        .train()
+    )
     loss_fn = TrainingLoss(model)
     opt, _ = build_optimizer(model, OptimConfig(), 10)
     g = torch.Generator().manual_seed(1)
-    x, y = (torch.randint(0, spec["vocab_size"], (spec["batch_size"], spec["seq_len"]), generator=g).to(device)
-            for _ in range(2))
+    x, y = (
+        torch.randint(0, spec["vocab_size"], (spec["batch_size"], spec["seq_len"]), generator=g).to(device)
+        for _ in range(2)
+    )
     autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=cuda)
 
     def step():
@@ -125,8 +135,8 @@ def _warm_runtime(device: str) -> None:
     process that has trained before; the plan counts the model's memory only."""
     import torch
 
-    from rope_lm.lit import TrainingLoss
-    from rope_lm.model import build_model
+    from rope_lm.model.transformer import build_model
+    from rope_lm.train.lit import TrainingLoss
 
     model = build_model({"n_layer": 1, "n_head": 1, "d_model": 8}, {"name": "rope"}, None, 16, 8).to(device)
     x = torch.zeros(1, 8, dtype=torch.long, device=device)
@@ -141,11 +151,19 @@ def _in_fresh_process(spec: dict) -> dict:
 
 def planned(spec: dict) -> int:
     """The memory plan's total for the cell (one device, the cell's precision)."""
-    from rope_lm.memory_plan import Setup, per_device, trace_step
+    from rope_lm.train.memory_plan import Setup, per_device, trace_step
 
     precision = "bf16-mixed" if spec["device"] == "cuda" else "32-true"
-    t = trace_step(spec["model"], spec["pos"], None, spec["vocab_size"], spec["seq_len"], spec["batch_size"],
-                   spec["checkpointing"], precision)
+    t = trace_step(
+        spec["model"],
+        spec["pos"],
+        None,
+        spec["vocab_size"],
+        spec["seq_len"],
+        spec["batch_size"],
+        spec["checkpointing"],
+        precision,
+    )
     return per_device(t, Setup(precision=precision))["total"]
 
 
@@ -165,34 +183,52 @@ def run(a: dict) -> dict:
         for seq_len in a["seq_lens"]:
             cell = {}
             for on in (False, True):
-                spec = {"model": model_shape(name), "pos": {"name": a["pos"]}, "vocab_size": a["vocab_size"],
-                        "seq_len": seq_len, "batch_size": a["batch_size"], "checkpointing": on, "device": device,
-                        "threads": a["threads"]}
+                spec = {
+                    "model": model_shape(name),
+                    "pos": {"name": a["pos"]},
+                    "vocab_size": a["vocab_size"],
+                    "seq_len": seq_len,
+                    "batch_size": a["batch_size"],
+                    "checkpointing": on,
+                    "device": device,
+                    "threads": a["threads"],
+                }
                 got = _in_fresh_process(spec)
                 got["plan"] = planned(spec)
                 cell[on] = got
             off, on = cell[False], cell[True]
-            rows.append({"model": name, "seq_len": seq_len, "without": off, "with": on,
-                         "step_memory_ratio": on["step_memory"] / off["step_memory"],
-                         "time_ratio": on["seconds"] / off["seconds"],
-                         "plan_vs_measured": [off["plan"] / off["peak"], on["plan"] / on["peak"]]})
+            rows.append(
+                {
+                    "model": name,
+                    "seq_len": seq_len,
+                    "without": off,
+                    "with": on,
+                    "step_memory_ratio": on["step_memory"] / off["step_memory"],
+                    "time_ratio": on["seconds"] / off["seconds"],
+                    "plan_vs_measured": [off["plan"] / off["peak"], on["plan"] / on["peak"]],
+                }
+            )
     return {"device": device, "settings": a, "rows": rows}
 
 
 def table(result: dict) -> str:
-    mb = 2 ** 20
-    lines = [f"Training step, one device ({result['device']}), batch {result['settings']['batch_size']}: "
-             f"without / with activation checkpointing",
-             "",
-             "| model | seq_len | peak MB (plan) | peak MB with (plan) | step MB | step MB with | step MB ratio "
-             "| step s | step s with | time ratio |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    mb = 2**20
+    lines = [
+        f"Training step, one device ({result['device']}), batch {result['settings']['batch_size']}: "
+        f"without / with activation checkpointing",
+        "",
+        "| model | seq_len | peak MB (plan) | peak MB with (plan) | step MB | step MB with | step MB ratio "
+        "| step s | step s with | time ratio |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in result["rows"]:
         off, on = r["without"], r["with"]
-        lines.append(f"| {r['model']} | {r['seq_len']} | {off['peak'] / mb:.0f} ({off['plan'] / mb:.0f}) | "
-                     f"{on['peak'] / mb:.0f} ({on['plan'] / mb:.0f}) | {off['step_memory'] / mb:.0f} | "
-                     f"{on['step_memory'] / mb:.0f} | {r['step_memory_ratio']:.2f} | {off['seconds']:.3f} | "
-                     f"{on['seconds']:.3f} | {r['time_ratio']:.2f} |")
+        lines.append(
+            f"| {r['model']} | {r['seq_len']} | {off['peak'] / mb:.0f} ({off['plan'] / mb:.0f}) | "
+            f"{on['peak'] / mb:.0f} ({on['plan'] / mb:.0f}) | {off['step_memory'] / mb:.0f} | "
+            f"{on['step_memory'] / mb:.0f} | {r['step_memory_ratio']:.2f} | {off['seconds']:.3f} | "
+            f"{on['seconds']:.3f} | {r['time_ratio']:.2f} |"
+        )
     return "\n".join(lines)
 
 
@@ -203,7 +239,7 @@ def main(cfg):
     result = run(a)
     print(table(result))
     if a.get("out"):
-        from rope_lm.files import write_json
+        from rope_lm.core.files import write_json
 
         write_json(a["out"], result)
         print(f"wrote {a['out']}")

@@ -9,7 +9,7 @@ import hydra
 from omegaconf import OmegaConf
 
 from rope_lm.cli import group_config, group_options, hydra_task
-from rope_lm.errors import ConfigError
+from rope_lm.core.errors import ConfigError
 
 CONF = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "conf")
 
@@ -19,7 +19,9 @@ def _preset(group: str, name: str, required: bool) -> dict:
     known to the registry only (e.g. one an `imports` module adds)."""
     if name.endswith((".yaml", ".yml")):
         if not os.path.isfile(name):
-            raise ConfigError(f"{name} does not exist; give a {group} name ({', '.join(group_options(group))}) or a YAML file.")
+            raise ConfigError(
+                f"{name} does not exist; give a {group} name ({', '.join(group_options(group))}) or a YAML file."
+            )
         return OmegaConf.to_container(OmegaConf.load(name), resolve=True)
     if required or name in group_options(group):
         return group_config(group, name)
@@ -36,9 +38,11 @@ def _layouts(names: list[str], schemes: dict[str, dict]) -> dict[str, dict]:
     for name in names:
         path = name if name.endswith((".yaml", ".yml")) else os.path.join(CONF, "layout", f"{name}.yaml")
         if not os.path.isfile(path):
-            raise ConfigError(f"layouts: {name!r} is neither a conf/layout preset "
-                              f"({', '.join(sorted(f[:-5] for f in os.listdir(os.path.join(CONF, 'layout'))))}) "
-                              f"nor a YAML file.")
+            raise ConfigError(
+                f"layouts: {name!r} is neither a conf/layout preset "
+                f"({', '.join(sorted(f[:-5] for f in os.listdir(os.path.join(CONF, 'layout'))))}) "
+                f"nor a YAML file."
+            )
         rows[f"rope+{_label(name)}"] = {**rope, "layout": OmegaConf.to_container(OmegaConf.load(path), resolve=True)}
     return rows
 
@@ -50,10 +54,9 @@ def _label(name: str) -> str:
 @hydra.main(config_path="../conf", config_name="bench", version_base="1.3")
 @hydra_task
 def main(cfg):
-    import torch
-
     from bench_analysis import targets_text
     from throughput import BenchSettings, run
+    import torch
 
     a = OmegaConf.to_container(cfg, resolve=True)
     train = OmegaConf.to_container(hydra.compose(config_name="config"), resolve=True)
@@ -64,18 +67,33 @@ def main(cfg):
     settings = BenchSettings(
         models={_label(n): _preset("model", n, True) for n in a["models"]},
         schemes=schemes,
-        optim=train["optim"], trainer=train["trainer"],
-        vocab_size=a["vocab_size"] or data["vocab_size"], seq_len=a["seq_len"] or data["seq_len"],
-        batch_size=a["batch_size"] or data["batch_size"], warmup=a["warmup"], steps=a["steps"], repeats=a["repeats"],
-        eval_lengths=list(a["eval_lengths"]), eval_batch=a["eval_batch"], eval_repeats=a["eval_repeats"],
-        peers=list(a["peers"]), hf_mlp=a["hf_mlp"], compile=a["compile"], device=device, threads=a["threads"],
-        peak_tflops=a["peak_tflops"], seed=a["seed"], imports=list(a["imports"]),
+        optim=train["optim"],
+        trainer=train["trainer"],
+        vocab_size=a["vocab_size"] or data["vocab_size"],
+        seq_len=a["seq_len"] or data["seq_len"],
+        batch_size=a["batch_size"] or data["batch_size"],
+        warmup=a["warmup"],
+        steps=a["steps"],
+        repeats=a["repeats"],
+        eval_lengths=list(a["eval_lengths"]),
+        eval_batch=a["eval_batch"],
+        eval_repeats=a["eval_repeats"],
+        peers=list(a["peers"]),
+        hf_mlp=a["hf_mlp"],
+        compile=a["compile"],
+        device=device,
+        threads=a["threads"],
+        peak_tflops=a["peak_tflops"],
+        seed=a["seed"],
+        imports=list(a["imports"]),
     )
     results = run(settings, out=a["out"])
     m = results["machine"]
-    print(f"\n{m['cpu']} ({m['nproc']} CPUs, {m['threads']} threads){' / ' + m['gpu'] if 'gpu' in m else ''}, "
-          f"torch {m['torch']}, transformers {m['transformers']}, lightning {m['lightning']}; "
-          f"load average before {results['load_average']['before']}, after {results['load_average']['after']}\n")
+    print(
+        f"\n{m['cpu']} ({m['nproc']} CPUs, {m['threads']} threads){' / ' + m['gpu'] if 'gpu' in m else ''}, "
+        f"torch {m['torch']}, transformers {m['transformers']}, lightning {m['lightning']}; "
+        f"load average before {results['load_average']['before']}, after {results['load_average']['after']}\n"
+    )
     print(results["table"])
     print("\nTargets:\n" + targets_text(results["targets"]))
     if a["out"]:

@@ -3,7 +3,7 @@ peers, the targets they are held to, and the table and list they print as."""
 
 import statistics
 
-from rope_lm.tables import markdown_table as table
+from rope_lm.core.tables import markdown_table as table
 
 
 def flops_per_token(counts: dict, model_cfg: dict, vocab: int, seq_len: int, training: bool) -> float:
@@ -13,14 +13,16 @@ def flops_per_token(counts: dict, model_cfg: dict, vocab: int, seq_len: int, tra
     reads summed over layers: T for a full layer, min(W, T) for a layer of
     model.layout with a sliding window of W (counting T there would credit a
     windowed model with work it never does: MFU above 100%)."""
-    from rope_lm.layout import layer_specs
+    from rope_lm.model.layout import layer_specs
 
     n = counts["params_non_embedding"] + vocab * model_cfg["d_model"]
     if not model_cfg.get("tie_embeddings", True):
         n = counts["params_non_embedding"]
     specs = layer_specs(model_cfg.get("layout"), {"name": "rope"}, model_cfg["n_layer"])
-    spans = [seq_len if spec is None or spec.window is None else min(spec.window, seq_len)
-             for spec in (specs or [None] * model_cfg["n_layer"])]
+    spans = [
+        seq_len if spec is None or spec.window is None else min(spec.window, seq_len)
+        for spec in (specs or [None] * model_cfg["n_layer"])
+    ]
     attn = sum(spans) * model_cfg["d_model"]
     return 6 * n + 12 * attn if training else 2 * n + 4 * attn
 
@@ -52,16 +54,29 @@ def ratios_and_targets(s, rows: list[dict]) -> tuple[list[dict], list[dict]]:
         if value is None:
             return
         cpu = _paired(a, b, "tokens_per_cpu_s_repeats")
-        entry = {"name": name, "model": model, "value": value, "a": f"{a['scheme']}/{a['peer']}",
-                 "b": f"{b['scheme']}/{b['peer']}", "ratio_of_medians": a["tokens_per_s"] / b["tokens_per_s"],
-                 "cpu_time_ratio": cpu}
+        entry = {
+            "name": name,
+            "model": model,
+            "value": value,
+            "a": f"{a['scheme']}/{a['peer']}",
+            "b": f"{b['scheme']}/{b['peer']}",
+            "ratio_of_medians": a["tokens_per_s"] / b["tokens_per_s"],
+            "cpu_time_ratio": cpu,
+        }
         ratios.append(entry)
         if show:
             a["ratio"], a["ratio_vs"], a["cpu_ratio"] = value, entry["b"], cpu
         if threshold is not None:
             note = "; ".join(n for n in (note, f"per CPU-second: {cpu:.3f}" if cpu else "") if n)
-            targets.append({"target": f"{name} >= {threshold}", "model": model, "value": round(value, 3),
-                            "holds": value >= threshold, "note": note})
+            targets.append(
+                {
+                    "target": f"{name} >= {threshold}",
+                    "model": model,
+                    "value": round(value, 3),
+                    "holds": value >= threshold,
+                    "note": note,
+                }
+            )
 
     for model in s.models:
         for scheme in s.schemes:
@@ -70,24 +85,50 @@ def ratios_and_targets(s, rows: list[dict]) -> tuple[list[dict], list[dict]]:
             if scheme == rope:
                 hf = _find(train, model=model, scheme=scheme, peer="hf")
                 same = _paired(plain, _find(train, model=model, scheme=scheme, peer="hf+keepmem"))
-                ratio("ours/HF (plain loops)", model, plain, hf, 1.1,
-                      note=f"vs HF given rope-lm's allocator setting too: {same:.3f}" if same else "")
+                ratio(
+                    "ours/HF (plain loops)",
+                    model,
+                    plain,
+                    hf,
+                    1.1,
+                    note=f"vs HF given rope-lm's allocator setting too: {same:.3f}" if same else "",
+                )
             elif rope:
-                ratio(f"{scheme}/rope (plain loops)", model, plain, _find(train, model=model, scheme=rope, peer="plain"),
-                      0.7)
+                ratio(
+                    f"{scheme}/rope (plain loops)",
+                    model,
+                    plain,
+                    _find(train, model=model, scheme=rope, peer="plain"),
+                    0.7,
+                )
             ratio(f"Lightning/plain ({scheme})", model, light, plain, 0.95 if scheme == rope else None)
             if scheme == rope:
-                ratio("HF with rope-lm's allocator setting/HF", model,
-                      _find(train, model=model, scheme=scheme, peer="hf+keepmem"),
-                      _find(train, model=model, scheme=scheme, peer="hf"))
-                ratio("ours/HF with the same allocator setting", model, plain,
-                      _find(train, model=model, scheme=scheme, peer="hf+keepmem"), show=False)
-            ratio(f"fused/foreach AdamW, plain loop ({scheme})", model,
-                  _find(train, model=model, scheme=scheme, peer="plain+fused"), plain)
+                ratio(
+                    "HF with rope-lm's allocator setting/HF",
+                    model,
+                    _find(train, model=model, scheme=scheme, peer="hf+keepmem"),
+                    _find(train, model=model, scheme=scheme, peer="hf"),
+                )
+                ratio(
+                    "ours/HF with the same allocator setting",
+                    model,
+                    plain,
+                    _find(train, model=model, scheme=scheme, peer="hf+keepmem"),
+                    show=False,
+                )
+            ratio(
+                f"fused/foreach AdamW, plain loop ({scheme})",
+                model,
+                _find(train, model=model, scheme=scheme, peer="plain+fused"),
+                plain,
+            )
             for peer in ("plain", "lightning"):
-                ratio(f"compiled/eager {peer} ({scheme})", model,
-                      _find(train, model=model, scheme=scheme, peer=peer + "+compile"),
-                      _find(train, model=model, scheme=scheme, peer=peer))
+                ratio(
+                    f"compiled/eager {peer} ({scheme})",
+                    model,
+                    _find(train, model=model, scheme=scheme, peer=peer + "+compile"),
+                    _find(train, model=model, scheme=scheme, peer=peer),
+                )
     ev = [r for r in rows if r["phase"] == "eval" and r.get("tokens_per_s")]
     for r in ev:
         base = "hf" if r["peer"] == "ours" else "ours" if r["peer"] == "ours+compile" else None
@@ -105,13 +146,22 @@ def ratios_and_targets(s, rows: list[dict]) -> tuple[list[dict], list[dict]]:
     for r in ev:
         if r.get("ratio_vs") == f"{rope}/ours" and r["seq_len"] == longest:
             threshold = 0.8 if "layout" in s.schemes[r["scheme"]] else 0.5
-            targets.append({"target": f"eval {r['scheme']}/{rope} at {longest} >= {threshold}", "model": r["model"],
-                            "value": round(r["ratio"], 3), "holds": r["ratio"] >= threshold,
-                            "note": "one pass each, same run"})
+            targets.append(
+                {
+                    "target": f"eval {r['scheme']}/{rope} at {longest} >= {threshold}",
+                    "model": r["model"],
+                    "value": round(r["ratio"], 3),
+                    "holds": r["ratio"] >= threshold,
+                    "note": "one pass each, same run",
+                }
+            )
     for model in s.models:
         for scheme in s.schemes:
-            pts = sorted((r["seq_len"], r["mem_growth_mb"]) for r in ev
-                         if r["model"] == model and r["scheme"] == scheme and r["peer"] == "ours")
+            pts = sorted(
+                (r["seq_len"], r["mem_growth_mb"])
+                for r in ev
+                if r["model"] == model and r["scheme"] == scheme and r["peer"] == "ours"
+            )
             # Below a few MB the growth is allocator noise, not the model's.
             if len(pts) >= 2 and pts[0][1] > 0 and pts[-1][1] >= 16:
                 (l0, m0), (l1, m1) = pts[0], pts[-1]
@@ -119,14 +169,28 @@ def ratios_and_targets(s, rows: list[dict]) -> tuple[list[dict], list[dict]]:
                 # Linear memory grows like the length; a T x T tensor would
                 # grow like its square. Allow 1.5x the linear factor for fixed
                 # per-forward buffers that the shortest length hides.
-                targets.append({"target": f"eval memory ~linear in length ({scheme})", "model": model,
-                                "value": round(growth, 2), "holds": growth <= 1.5 * l1 / l0,
-                                "note": f"memory grew {growth:.2f}x from {l0} to {l1} tokens ({l1 / l0:.0f}x); "
-                                        f"quadratic would be {(l1 / l0) ** 2:.0f}x"})
-            if any(r["model"] == model and r["scheme"] == scheme and r.get("error") for r in rows
-                   if r["phase"] == "eval"):
-                targets.append({"target": f"eval at every length ({scheme})", "model": model, "value": None,
-                                "holds": False, "note": "a length failed; see the rows"})
+                targets.append(
+                    {
+                        "target": f"eval memory ~linear in length ({scheme})",
+                        "model": model,
+                        "value": round(growth, 2),
+                        "holds": growth <= 1.5 * l1 / l0,
+                        "note": f"memory grew {growth:.2f}x from {l0} to {l1} tokens ({l1 / l0:.0f}x); "
+                        f"quadratic would be {(l1 / l0) ** 2:.0f}x",
+                    }
+                )
+            if any(
+                r["model"] == model and r["scheme"] == scheme and r.get("error") for r in rows if r["phase"] == "eval"
+            ):
+                targets.append(
+                    {
+                        "target": f"eval at every length ({scheme})",
+                        "model": model,
+                        "value": None,
+                        "holds": False,
+                        "note": "a length failed; see the rows",
+                    }
+                )
     return ratios, targets
 
 
@@ -148,14 +212,22 @@ def markdown_table(rows: list[dict]) -> str:
             lines.append(head + [f"failed: {r['error'][:60]}"] + [""] * (len(cols) - 6))
             continue
         params = f"{r['params'] / 1e6:.2f}M ({r['params_non_embedding'] / 1e6:.2f}M)" if r.get("params") else "-"
-        cells = head + [_fmt(r["tokens_per_s"]), _fmt(r.get("ratio"), 2), r.get("ratio_vs", ""),
-                        _fmt(r.get("tokens_per_cpu_s")), _fmt(r.get("cpu_ratio"), 2)]
-        cells += ([f"{100 * r['mfu']:.1f}%" if r.get("mfu") is not None else "-"] if mfu else [])
+        cells = head + [
+            _fmt(r["tokens_per_s"]),
+            _fmt(r.get("ratio"), 2),
+            r.get("ratio_vs", ""),
+            _fmt(r.get("tokens_per_cpu_s")),
+            _fmt(r.get("cpu_ratio"), 2),
+        ]
+        cells += [f"{100 * r['mfu']:.1f}%" if r.get("mfu") is not None else "-"] if mfu else []
         cells += [_fmt(r.get("peak_mem_mb")), _fmt(r.get("mem_growth_mb")), params]
         lines.append(cells)
     return table(cols, lines, align)
 
 
 def targets_text(targets: list[dict]) -> str:
-    return "\n".join(f"- [{'x' if t['holds'] else ' '}] {t['model']}: {t['target']}: {t['value']}"
-                     + (f" ({t['note']})" if t.get("note") else "") for t in targets)
+    return "\n".join(
+        f"- [{'x' if t['holds'] else ' '}] {t['model']}: {t['target']}: {t['value']}"
+        + (f" ({t['note']})" if t.get("note") else "")
+        for t in targets
+    )

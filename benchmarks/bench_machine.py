@@ -44,9 +44,16 @@ def machine_info(device: str, threads: int) -> dict:
         except PackageNotFoundError:
             return None
 
-    info = {"nproc": usable_cpus(), "cpu": cpu_model(), "threads": threads, "python": platform.python_version(),
-            "torch": torch.__version__, "transformers": v("transformers"), "lightning": v("lightning"),
-            "device": device}
+    info = {
+        "nproc": usable_cpus(),
+        "cpu": cpu_model(),
+        "threads": threads,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": v("transformers"),
+        "lightning": v("lightning"),
+        "device": device,
+    }
     if device == "cuda":
         info["gpu"] = torch.cuda.get_device_name(0)
     return info
@@ -79,8 +86,16 @@ def _peak_rss_kb() -> int:
 
 
 # Dense bf16 tensor-core peaks (TFLOP/s) used for MFU when --peak-tflops is not given.
-CUDA_PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "A10G": 70.0, "L4": 121.0,
-                    "RTX 4090": 165.0, "A6000": 155.0}
+CUDA_PEAK_TFLOPS = {
+    "H200": 989.0,
+    "H100": 989.0,
+    "A100": 312.0,
+    "L40S": 362.0,
+    "A10G": 70.0,
+    "L4": 121.0,
+    "RTX 4090": 165.0,
+    "A6000": 155.0,
+}
 
 
 def detect_peak_tflops(device: str) -> float | None:
@@ -104,7 +119,7 @@ def matmul_peak_tflops(threads: int, n: int = 2048, repeats: int = 5) -> float:
         best = min(_timed(lambda: a @ b) for _ in range(repeats))
     finally:
         torch.set_num_threads(before)
-    return 2 * n ** 3 / best / 1e12
+    return 2 * n**3 / best / 1e12
 
 
 def _timed(fn) -> float:

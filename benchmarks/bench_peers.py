@@ -12,10 +12,9 @@ import tempfile
 import time
 import warnings
 
+from bench_machine import _cpu_seconds, _peak_rss_kb, _reset_peak_rss, _status_kb, _sync
 import torch
 import torch.nn.functional as F
-
-from bench_machine import _cpu_seconds, _peak_rss_kb, _reset_peak_rss, _status_kb, _sync
 
 
 def _seeded(seed: int):
@@ -23,7 +22,7 @@ def _seeded(seed: int):
 
 
 def build_ours(model_cfg: dict, pos_cfg: dict, vocab: int, train_len: int):
-    from rope_lm.model import build_model
+    from rope_lm.model.transformer import build_model
 
     return build_model(model_cfg, pos_cfg, None, vocab_size=vocab, train_len=train_len)
 
@@ -39,12 +38,22 @@ def hf_config(model_cfg: dict, pos_cfg: dict, vocab: int, max_len: int, hf_mlp: 
     ratio = model_cfg.get("mlp_ratio", 4.0)
     inter = int(round(2 * ratio * d / 3)) if hf_mlp == "matched" else int(ratio * d)
     return LlamaConfig(
-        vocab_size=vocab, hidden_size=d, intermediate_size=inter, num_hidden_layers=model_cfg["n_layer"],
-        num_attention_heads=heads, num_key_value_heads=heads, head_dim=d // heads, max_position_embeddings=max_len,
+        vocab_size=vocab,
+        hidden_size=d,
+        intermediate_size=inter,
+        num_hidden_layers=model_cfg["n_layer"],
+        num_attention_heads=heads,
+        num_key_value_heads=heads,
+        head_dim=d // heads,
+        max_position_embeddings=max_len,
         rope_parameters={"rope_type": "default", "rope_theta": float(pos_cfg.get("base", 10000.0))},
-        tie_word_embeddings=model_cfg.get("tie_embeddings", True), attention_bias=model_cfg.get("bias", False),
-        mlp_bias=model_cfg.get("bias", False), rms_norm_eps=torch.finfo(torch.float32).eps,
-        attention_dropout=model_cfg.get("dropout", 0.0), use_cache=False, attn_implementation="sdpa",
+        tie_word_embeddings=model_cfg.get("tie_embeddings", True),
+        attention_bias=model_cfg.get("bias", False),
+        mlp_bias=model_cfg.get("bias", False),
+        rms_norm_eps=torch.finfo(torch.float32).eps,
+        attention_dropout=model_cfg.get("dropout", 0.0),
+        use_cache=False,
+        attn_implementation="sdpa",
     )
 
 
@@ -81,14 +90,16 @@ def param_counts(model) -> dict:
 
 def make_batches(n: int, batch: int, seq_len: int, vocab: int, seed: int):
     g = torch.Generator().manual_seed(seed)
-    return [(torch.randint(0, vocab, (batch, seq_len), generator=g), torch.randint(0, vocab, (batch, seq_len), generator=g))
-            for _ in range(n)]
+    return [
+        (torch.randint(0, vocab, (batch, seq_len), generator=g), torch.randint(0, vocab, (batch, seq_len), generator=g))
+        for _ in range(n)
+    ]
 
 
 def _optimizer_like_lit(model, optim: dict, max_steps: int):
     """LitLM's own optimizer and schedule (param groups, betas, fused on CUDA)
     for a model that is not a LitLM, so every peer steps the same optimizer."""
-    from rope_lm.lit import OptimConfig, build_optimizer
+    from rope_lm.train.lit import OptimConfig, build_optimizer
 
     return build_optimizer(model, OptimConfig(**optim), max_steps)
 
@@ -150,8 +161,7 @@ class LightningRunner:
         import lightning as L
         from torch.utils.data import DataLoader
 
-        from rope_lm.config import trainer_config
-        from rope_lm.trainer import trainer_kwargs
+        from rope_lm.train.trainer import trainer_config, trainer_kwargs
 
         device = self.device
         pending = {"msg": first, "left": first["n"], "t0": None}
@@ -211,7 +221,7 @@ def _setup_process(spec: dict):
     for name in spec.get("imports", []):
         __import__(name)
     if spec["peer"].startswith("hf") and spec["peer"].endswith("+keepmem"):
-        from rope_lm.allocator import keep_freed_memory
+        from rope_lm.train.allocator import keep_freed_memory
 
         keep_freed_memory()
 
@@ -219,7 +229,7 @@ def _setup_process(spec: dict):
 def build_train_runner(spec: dict):
     """The runner of one training peer, built in its own process: (runner,
     parameter counts, the CompiledForward or None)."""
-    from rope_lm.lit import LitLM
+    from rope_lm.train.lit import LitLM
 
     _setup_process(spec)
     s = spec
@@ -236,25 +246,35 @@ def build_train_runner(spec: dict):
         loss = lambda x, y: F.cross_entropy(hf(x).float().flatten(0, 1), y.flatten())  # noqa: E731
         return LoopRunner(peer, loss, list(hf.parameters()), opt, sched, batches, device, clip), param_counts(hf), None
     optim = {**s["optim"], "fused": True} if "+fused" in peer else s["optim"]  # AdamW's fused kernel, CPU included
-    lit = LitLM(model=model_cfg, pos=pos_cfg, scaling=None, optim=optim, vocab_size=s["vocab"],
-                train_len=s["seq_len"], max_steps=max_steps, compile=compiled).to(device)
+    lit = LitLM(
+        model=model_cfg,
+        pos=pos_cfg,
+        scaling=None,
+        optim=optim,
+        vocab_size=s["vocab"],
+        train_len=s["seq_len"],
+        max_steps=max_steps,
+        compile=compiled,
+    ).to(device)
     counts = param_counts(lit.model)
     fwd = lit.compiled_forward
     if peer.startswith("plain"):
         opt, sched = lit.configure_optimizers().values()
-        runner = LoopRunner(peer, lambda x, y: lit.loss((x, y)), list(lit.parameters()), opt, sched["scheduler"],
-                            batches, device, clip)
+        runner = LoopRunner(
+            peer, lambda x, y: lit.loss((x, y)), list(lit.parameters()), opt, sched["scheduler"], batches, device, clip
+        )
     else:
         _quiet_lightning()
-        runner = LightningRunner(peer, lit, s["trainer"], batches, device, tempfile.mkdtemp(prefix="rope-lm-bench-"),
-                                 s["fit_steps"])
+        runner = LightningRunner(
+            peer, lit, s["trainer"], batches, device, tempfile.mkdtemp(prefix="rope-lm-bench-"), s["fit_steps"]
+        )
     return runner, counts, fwd
 
 
 def measure_eval(spec: dict) -> dict:
     """One evaluation measurement: build, warm up, time eval_repeats forward
     passes (with the per-token loss) at one length, and the memory they took."""
-    from rope_lm.evaluation import token_losses
+    from rope_lm.eval.evaluation import token_losses
 
     _setup_process(spec)
     device, L, B = spec["device"], spec["length"], spec["batch"]
@@ -269,7 +289,7 @@ def measure_eval(spec: dict) -> dict:
     model = model.to(device).eval()
     compiled = None
     if spec["peer"].endswith("+compile"):
-        from rope_lm.compile import maybe_compile
+        from rope_lm.train.compile import maybe_compile
 
         model = compiled = maybe_compile(model, dynamic=False)
     g = torch.Generator().manual_seed(spec["seed"])
@@ -301,7 +321,15 @@ def measure_eval(spec: dict) -> dict:
     else:
         peak = _peak_rss_kb() / 1024
         how = "peak RSS (reset before the pass)" if reset else "peak RSS of the process"
-    return {"tokens_per_s": B * L / statistics.median(times), "seconds": statistics.median(times),
-            "peak_mem_mb": peak, "mem_growth_mb": max(0.0, peak - base), "baseline_mem_mb": base, "memory": how,
-            "warmup_s": warm_s, "loss": float(losses.mean()), **counts,
-            "compiled": None if compiled is None else compiled.compiled}
+    return {
+        "tokens_per_s": B * L / statistics.median(times),
+        "seconds": statistics.median(times),
+        "peak_mem_mb": peak,
+        "mem_growth_mb": max(0.0, peak - base),
+        "baseline_mem_mb": base,
+        "memory": how,
+        "warmup_s": warm_s,
+        "loss": float(losses.mean()),
+        **counts,
+        "compiled": None if compiled is None else compiled.compiled,
+    }

@@ -11,10 +11,9 @@ import sys
 import tempfile
 import time
 
-import torch
-
 from bench_machine import _peak_rss_kb
 from bench_peers import LightningRunner, build_train_runner, measure_eval
+import torch
 
 
 def _error_text(e: BaseException) -> str:
@@ -63,7 +62,9 @@ def _worker_main():
         out = {"ok": True, "seconds": wall, "cpu_seconds": cpu}
         if msg["cmd"] == "warm":
             fwd = state["fwd"]
-            out.update(compiled=None if fwd is None else fwd.compiled, compile_error=None if fwd is None else fwd.reason)
+            out.update(
+                compiled=None if fwd is None else fwd.compiled, compile_error=None if fwd is None else fwd.reason
+            )
         elif state["spec"]["device"] == "cuda":
             out["peak_mem_mb"] = torch.cuda.max_memory_allocated() / 2**20
         else:
@@ -103,8 +104,14 @@ class Worker:
     def __init__(self):
         self.errors = tempfile.TemporaryFile(mode="w+")
         # This file run as a script is the worker (see the end of the file).
-        self.proc = subprocess.Popen([sys.executable, os.path.abspath(__file__)], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=self.errors, text=True, bufsize=1)
+        self.proc = subprocess.Popen(
+            [sys.executable, os.path.abspath(__file__)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self.errors,
+            text=True,
+            bufsize=1,
+        )
 
     def call(self, cmd: str, **kwargs) -> dict:
         try:

@@ -5,7 +5,7 @@
 
 The corpus is ``size_gb`` of made-up English-like prose (Zipf-distributed
 words, 70-character lines) in ``book_mb`` .txt files, generated once. Each
-build runs in a fresh process (rope_lm.cache.prepare: plan + fingerprint,
+build runs in a fresh process (rope_lm.data.token_cache.prepare: plan + fingerprint,
 tokenizer training, tokenization, checksums) into an empty cache folder; the
 benchmark samples the build's process tree every 0.2 s and reports its peak
 resident memory (RSS of the main process, largest worker, and the tree's PSS,
@@ -30,8 +30,8 @@ from rope_lm.cli import hydra_task
 BUILD = """
 import dataclasses, json, logging, resource, sys
 logging.basicConfig(level=logging.INFO, format="%(message)s")
-from rope_lm.cache import DataConfig, prepare
-from rope_lm.corpus import SourceConfig
+from rope_lm.data.token_cache import DataConfig, prepare
+from rope_lm.data.corpus import SourceConfig
 import pyarrow, tokenizers, tqdm.auto
 with open("/proc/self/statm") as f:
     base = int(f.read().split()[1]) * resource.getpagesize() / 2**20
@@ -106,8 +106,13 @@ def _pss_mb(pid: int) -> float:
 def build(options: dict) -> dict:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")])}
     started = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-c", BUILD, json.dumps(options)], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, env=env)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", BUILD, json.dumps(options)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+    )
     peak = [0.0]
 
     def sample():
@@ -125,8 +130,13 @@ def build(options: dict) -> dict:
         raise RuntimeError(f"the build failed:\n{log[-3000:]}")
     result = json.loads(log.split("RESULT", 1)[1])
     encode = re.search(r"Tokenized ([\d.]+) MB in ([\d.]+) s", log)
-    return {**result, "seconds": seconds, "tree_pss_mb": peak[0], "encoded_mb": float(encode.group(1)),
-            "encode_seconds": float(encode.group(2))}
+    return {
+        **result,
+        "seconds": seconds,
+        "tree_pss_mb": peak[0],
+        "encoded_mb": float(encode.group(1)),
+        "encode_seconds": float(encode.group(2)),
+    }
 
 
 @hydra.main(config_path="../conf", config_name="bench_data", version_base="1.3")
@@ -140,22 +150,45 @@ def main(cfg):
     for n in a["procs"]:
         cache_dir = tempfile.mkdtemp(prefix="bench-data-cache-")
         try:
-            r = build({"name": "bench", "source": "files", "path": a["corpus_dir"], "cache_dir": cache_dir,
-                       "num_proc": n, "memory_mb": a["memory_mb"], "vocab_size": a["vocab_size"],
-                       "tokenizer_train_chars": a["tokenizer_train_chars"], "max_docs": a["max_docs"]})
+            r = build(
+                {
+                    "name": "bench",
+                    "source": "files",
+                    "path": a["corpus_dir"],
+                    "cache_dir": cache_dir,
+                    "num_proc": n,
+                    "memory_mb": a["memory_mb"],
+                    "vocab_size": a["vocab_size"],
+                    "tokenizer_train_chars": a["tokenizer_train_chars"],
+                    "max_docs": a["max_docs"],
+                }
+            )
         finally:
             shutil.rmtree(cache_dir, ignore_errors=True)
-        r.update(num_proc=n, memory_mb=a["memory_mb"], build_mb_per_s=r["encoded_mb"] / r["seconds"],
-                 encode_mb_per_s=r["encoded_mb"] / r["encode_seconds"])
+        r.update(
+            num_proc=n,
+            memory_mb=a["memory_mb"],
+            build_mb_per_s=r["encoded_mb"] / r["seconds"],
+            encode_mb_per_s=r["encoded_mb"] / r["encode_seconds"],
+        )
         rows.append(r)
-        print(f"num_proc={n}: {r['encoded_mb']:.0f} MB, {r['tokens']:,} tokens in {r['seconds']:.0f} s "
-              f"({r['build_mb_per_s']:.2f} MB/s whole build, {r['encode_mb_per_s']:.2f} MB/s tokenizing); peak "
-              f"memory: tree PSS {r['tree_pss_mb']:.0f} MB, main RSS {r['main_rss_mb']:.0f} MB (after imports "
-              f"{r['base_rss_mb']:.0f} MB), "
-              f"largest worker RSS {r['worker_rss_mb']:.0f} MB", flush=True)
+        print(
+            f"num_proc={n}: {r['encoded_mb']:.0f} MB, {r['tokens']:,} tokens in {r['seconds']:.0f} s "
+            f"({r['build_mb_per_s']:.2f} MB/s whole build, {r['encode_mb_per_s']:.2f} MB/s tokenizing); peak "
+            f"memory: tree PSS {r['tree_pss_mb']:.0f} MB, main RSS {r['main_rss_mb']:.0f} MB (after imports "
+            f"{r['base_rss_mb']:.0f} MB), "
+            f"largest worker RSS {r['worker_rss_mb']:.0f} MB",
+            flush=True,
+        )
     load = os.getloadavg() if hasattr(os, "getloadavg") else None
-    report = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "cores": os.cpu_count(),
-              "load_average": load, "corpus_mb": size / 1e6, "settings": a, "rows": rows}
+    report = {
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "cores": os.cpu_count(),
+        "load_average": load,
+        "corpus_mb": size / 1e6,
+        "settings": a,
+        "rows": rows,
+    }
     print(f"load average at the end: {load}")
     if a["out"]:
         with open(a["out"], "w") as f:

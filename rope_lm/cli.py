@@ -20,9 +20,8 @@ from hydra.errors import CompactHydraException
 from hydra.experimental.callback import Callback
 from omegaconf import OmegaConf
 
-from rope_lm.errors import ConfigError, Interrupted, RopeLMError
-from rope_lm.run_folder import Status, check_writable
-
+from rope_lm.core.errors import ConfigError, Interrupted, RopeLMError
+from rope_lm.runs.run_folder import Status, check_writable
 
 _RUN_IDS: dict[int, str] = {}
 
@@ -51,16 +50,18 @@ def register_resolvers() -> None:
 
 
 def _div(a, b) -> int:
-    from rope_lm.errors import ConfigError
+    from rope_lm.core.errors import ConfigError
 
     if not (isinstance(a, int) and isinstance(b, int) and a > 0 and b > 0 and a >= b):
-        raise ConfigError(f"${{div:{a},{b}}} divides a length by a whole number: give two positive integers, the "
-                          f"first at least the second (e.g. ${{div:${{data.seq_len}},4}}).")
+        raise ConfigError(
+            f"${{div:{a},{b}}} divides a length by a whole number: give two positive integers, the "
+            f"first at least the second (e.g. ${{div:${{data.seq_len}},4}})."
+        )
     return a // b
 
 
 def _layout_tag(layout, softmax=None) -> str:
-    from rope_lm.layout import scheme_label
+    from rope_lm.model.layout import scheme_label
 
     def plain(node):
         return OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node
@@ -222,9 +223,13 @@ class SweepSummary(Callback):
         skipped = returned.get("skipped") if isinstance(returned, dict) else None
         self.skipped += bool(skipped)
         status = Status.FAILED if failed else Status.SKIPPED if skipped else Status.COMPLETE
-        job = {"num": config.hydra.job.num, "status": status,
-               "overrides": list(job_return.overrides or []), "output_dir": config.hydra.runtime.output_dir,
-               "error": str(error) if error is not None else None}
+        job = {
+            "num": config.hydra.job.num,
+            "status": status,
+            "overrides": list(job_return.overrides or []),
+            "output_dir": config.hydra.runtime.output_dir,
+            "error": str(error) if error is not None else None,
+        }
         if skipped:
             job["reason"] = skipped
         self._record(job)
@@ -239,7 +244,7 @@ class SweepSummary(Callback):
     def _record(self, job: dict, keep_overrides: bool = False):
         from filelock import FileLock
 
-        from rope_lm.report import atomic_write
+        from rope_lm.eval.report import atomic_write
 
         os.makedirs(os.path.dirname(self.path), exist_ok=True)
         # A study is finished over several sittings, or by two processes at once, into one folder
@@ -253,8 +258,9 @@ class SweepSummary(Callback):
                 job["overrides"] = before.get("overrides", [])
             if not (job["status"] == Status.SKIPPED and before and Status.read(before["status"]) == Status.COMPLETE):
                 merged[job["output_dir"]] = job
-            atomic_write(self.path, json.dumps(sorted(merged.values(), key=lambda j: (j["num"], j["output_dir"])),
-                                               indent=1))
+            atomic_write(
+                self.path, json.dumps(sorted(merged.values(), key=lambda j: (j["num"], j["output_dir"])), indent=1)
+            )
 
     def on_multirun_end(self, config, **kwargs):
         self.print_summary()
@@ -265,11 +271,22 @@ class SweepSummary(Callback):
         self.printed = True
         if INTERRUPTED:
             num, out, ended = *INTERRUPTED[-1], len(self.jobs)
-            self._record({"num": num, "status": Status.INTERRUPTED, "overrides": [], "output_dir": out,
-                          "error": "stopped by a signal (SIGTERM or Ctrl-C)"}, keep_overrides=True)
-            print(f"\nrope-lm sweep: interrupted at job {num} ({out}) after {ended} job(s) ended; the "
-                  f"jobs after it did not run. Run the same command again with hydra.sweep.dir={os.path.dirname(out)} "
-                  f"to continue (existing=continue in the study presets; {self.path}).", file=sys.stderr)
+            self._record(
+                {
+                    "num": num,
+                    "status": Status.INTERRUPTED,
+                    "overrides": [],
+                    "output_dir": out,
+                    "error": "stopped by a signal (SIGTERM or Ctrl-C)",
+                },
+                keep_overrides=True,
+            )
+            print(
+                f"\nrope-lm sweep: interrupted at job {num} ({out}) after {ended} job(s) ended; the "
+                f"jobs after it did not run. Run the same command again with hydra.sweep.dir={os.path.dirname(out)} "
+                f"to continue (existing=continue in the study presets; {self.path}).",
+                file=sys.stderr,
+            )
             return
         failed = [j for j in self.jobs if j["status"] == Status.FAILED]
         skipped = f", {self.skipped} of them skipped (existing=continue)" if self.skipped else ""
@@ -300,7 +317,8 @@ def group_config(group: str, name: str) -> dict:
 
     options = group_options(group)
     if name not in options:
-        raise ConfigError(f"{group}={name!r} is not an option of the {group} config group; "
-                          f"valid options are {', '.join(options)}.")
+        raise ConfigError(
+            f"{group}={name!r} is not an option of the {group} config group; valid options are {', '.join(options)}."
+        )
     cfg = hydra.compose(config_name=None, overrides=[f"+{group}={name}"])
     return OmegaConf.to_container(cfg[group], resolve=True)

@@ -13,7 +13,7 @@ import hydra
 from omegaconf import OmegaConf
 
 from rope_lm.cli import hydra_task, log_to_stderr
-from rope_lm.errors import ConfigError
+from rope_lm.core.errors import ConfigError
 
 
 @hydra.main(config_path="../conf", config_name="attention_entropy", version_base="1.3")
@@ -21,9 +21,9 @@ from rope_lm.errors import ConfigError
 def main(cfg):
     import torch
 
-    from rope_lm import diagnostics as D
-    from rope_lm.trained import open_model
-    from rope_lm.files import from_here
+    from rope_lm.core.files import from_here
+    from rope_lm.probes import diagnostics as D
+    from rope_lm.runs.trained import open_model
 
     log_to_stderr()
     a = OmegaConf.to_container(cfg, resolve=True)
@@ -40,22 +40,33 @@ def main(cfg):
     n = a["windows"]
     need = n * T + 1
     if len(stream) < need:
-        raise ConfigError(f"The {a['split']} split has {len(stream)} tokens, fewer than {n} windows of {T} need ({need}); lower windows= or length=.")
+        raise ConfigError(
+            f"The {a['split']} split has {len(stream)} tokens, fewer than {n} windows of {T} need ({need}); lower windows= or length=."
+        )
     windows = torch.from_numpy(stream[: n * T].astype("int64")).view(n, T)
     result = D.attention_entropy(model, windows, train_len, buckets=a["buckets"])
     method = getattr(model.scaling, "label", model.scaling.name)
-    result.update(checkpoint=from_here(trained.path), source=trained.source, scheme=trained.scheme, method=method,
-                  split=a["split"])
+    result.update(
+        checkpoint=from_here(trained.path),
+        source=trained.source,
+        scheme=trained.scheme,
+        method=method,
+        split=a["split"],
+    )
     out = D.make_output_dir(a["out"], trained.path, "attention_entropy", scaling)
     D.save_json(os.path.join(out, "attention_entropy.json"), result)
-    D.plot_entropy(result, os.path.join(out, "attention_entropy.png"),
-                   f"Attention entropy vs query position — {trained.scheme} + {method}, trained at {train_len}, "
-                   f"windows of {T}")
+    D.plot_entropy(
+        result,
+        os.path.join(out, "attention_entropy.png"),
+        f"Attention entropy vs query position — {trained.scheme} + {method}, trained at {train_len}, windows of {T}",
+    )
     print(f"{'layer':>5} {'within L_train':>15} {'past L_train':>13} {'norm. within':>13} {'norm. past':>11}")
     fmt = lambda v: "–" if v is None else f"{v:.3f}"  # noqa: E731
     for l in result["layers"]:
-        print(f"{l['layer']:>5} {fmt(l['mean_within']):>15} {fmt(l['mean_beyond']):>13} "
-              f"{fmt(l['normalized_within']):>13} {fmt(l['normalized_beyond']):>11}")
+        print(
+            f"{l['layer']:>5} {fmt(l['mean_within']):>15} {fmt(l['mean_beyond']):>13} "
+            f"{fmt(l['normalized_within']):>13} {fmt(l['normalized_beyond']):>11}"
+        )
     print(f"Attention entropy: {out}/ (attention_entropy.png, attention_entropy.json)")
 
 

@@ -1,5 +1,5 @@
 """Published findings vs ours: each claim of conf/published.yaml checked
-against the studies' results by its rule (rope_lm/published.py).
+against the studies' results by its rule (rope_lm/compare/published.py).
 Settings and examples: python scripts/check_published.py --help
 (conf/check_published.yaml)."""
 
@@ -14,8 +14,8 @@ from rope_lm.cli import hydra_task
 @hydra.main(config_path="../conf", config_name="check_published", version_base="1.3")
 @hydra_task
 def main(cfg):
-    from rope_lm.published import check_claims, markdown, to_json
-    from rope_lm.files import atomic_write
+    from rope_lm.compare.published import check_claims, markdown, to_json
+    from rope_lm.core.files import atomic_write
 
     a = OmegaConf.to_container(cfg, resolve=True)
     rows = check_claims(a["claims"], a["studies"])

@@ -17,20 +17,19 @@ compare.md, compare.csv, ppl_vs_length*.png and per_position*.png to out=
 (default: <the one directory given>/compare).
 """
 
-
 import hydra
 from omegaconf import OmegaConf
 
 from rope_lm.cli import hydra_task, log_to_stderr
-from rope_lm.errors import ConfigError
+from rope_lm.core.errors import ConfigError
 
 
 @hydra.main(config_path="../conf", config_name="compare", version_base="1.3")
 @hydra_task
 def main(cfg):
-    from rope_lm.compare import compare, default_out, has_results, log_to_wandb
-    from rope_lm.retrieval_compare import compare_retrieval, find_retrieval_results
-    from rope_lm.task_compare import compare_tasks, find_task_results
+    from rope_lm.compare.ppl import compare, default_out, has_results, log_to_wandb
+    from rope_lm.compare.retrieval_compare import compare_retrieval, find_retrieval_results
+    from rope_lm.compare.task_compare import compare_tasks, find_task_results
 
     log_to_stderr()
     a = OmegaConf.to_container(cfg, resolve=True)

@@ -35,7 +35,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from rope_lm.cli import group_config, user_errors
-from rope_lm.errors import ConfigError
+from rope_lm.core.errors import ConfigError
 
 CONFIG = "eval_extrapolation"
 
@@ -113,8 +113,10 @@ def _config_file(path: str) -> dict:
     except (OSError, yaml.YAMLError) as e:
         raise ConfigError(f"scaling={path}: the file cannot be read as YAML ({' '.join(str(e).split())}).") from None
     if not isinstance(options, dict) or "name" not in options:
-        raise ConfigError(f"scaling={path} holds no scaling config: it needs a mapping with the method's `name` and "
-                          f"its settings, as conf/scaling/<name>.yaml has.")
+        raise ConfigError(
+            f"scaling={path} holds no scaling config: it needs a mapping with the method's `name` and "
+            f"its settings, as conf/scaling/<name>.yaml has."
+        )
     return options
 
 
@@ -126,8 +128,8 @@ def settings(rest: list[str]) -> dict:
 
 
 def main(argv: list[str]):
-    from rope_lm.eval_run import evaluate_checkpoint
-    from rope_lm.report import markdown_table
+    from rope_lm.eval.report import markdown_table
+    from rope_lm.runs.eval_run import evaluate_checkpoint
 
     with initialize(config_path="../conf", version_base="1.3", job_name=CONFIG):
         if "--help" in argv or "-h" in argv:
@@ -137,17 +139,24 @@ def main(argv: list[str]):
         names, scaling, data, rest = split_overrides(argv)
         cfg = settings(rest)
         if not cfg["ckpt"] and not cfg["hf"]:
-            raise ConfigError("ckpt= (a .ckpt file or a run directory with checkpoints/last.ckpt) or hf= (a "
-                              "transformers model folder or hub name) is required.")
+            raise ConfigError(
+                "ckpt= (a .ckpt file or a run directory with checkpoints/last.ckpt) or hf= (a "
+                "transformers model folder or hub name) is required."
+            )
         if cfg["ckpt"] and cfg["hf"]:
-            raise ConfigError(f"ckpt={cfg['ckpt']!r} and hf={cfg['hf']!r} are both set; give one: ckpt= for a rope-lm "
-                              f"checkpoint or run folder, hf= for a transformers model (or ckpt=hf:<folder>).")
+            raise ConfigError(
+                f"ckpt={cfg['ckpt']!r} and hf={cfg['hf']!r} are both set; give one: ckpt= for a rope-lm "
+                f"checkpoint or run folder, hf= for a transformers model (or ckpt=hf:<folder>)."
+            )
         methods = scaling_methods(names, scaling)
     if cfg["existing"] not in ("refuse", "continue"):
-        raise ConfigError(f"existing={cfg['existing']!r} is not an option; use refuse (an out= folder holding results "
-                          f"is refused) or continue (finish a part-way evaluation in out=).")
-    results = evaluate_checkpoint(cfg["ckpt"], methods, cfg["eval"], data, cfg["out"], cfg["device"], hf=cfg["hf"],
-                                  existing=cfg["existing"])
+        raise ConfigError(
+            f"existing={cfg['existing']!r} is not an option; use refuse (an out= folder holding results "
+            f"is refused) or continue (finish a part-way evaluation in out=)."
+        )
+    results = evaluate_checkpoint(
+        cfg["ckpt"], methods, cfg["eval"], data, cfg["out"], cfg["device"], hf=cfg["hf"], existing=cfg["existing"]
+    )
     print("\n" + markdown_table(results))
     print(f"Results: {results['out_dir']}/ (results.json, results.md, ppl_vs_length.png)")
 

@@ -16,17 +16,19 @@ others are refused with the reason (docs/pretrained.md).
 import hydra
 
 from rope_lm.cli import hydra_task
-from rope_lm.errors import ConfigError
+from rope_lm.core.errors import ConfigError
 
 
 @hydra.main(config_path="../conf", config_name="export_hf", version_base="1.3")
 @hydra_task
 def main(cfg):
-    from rope_lm.hf import export_checkpoint
+    from rope_lm.runs.export import export_checkpoint
 
     missing = [k for k in ("ckpt", "out") if not cfg[k]]
     if missing:
-        raise ConfigError(f"{' and '.join(k + '=' for k in missing)} required: ckpt=<run dir or .ckpt> out=<directory>.")
+        raise ConfigError(
+            f"{' and '.join(k + '=' for k in missing)} required: ckpt=<run dir or .ckpt> out=<directory>."
+        )
     config = export_checkpoint(cfg.ckpt, cfg.out)
     rope = config["rope_parameters"]
     # Gemma 3 keeps one set of parameters per layer type

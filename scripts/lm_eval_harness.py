@@ -8,7 +8,7 @@ method.
 
 lm-eval 0.4 finds only the models of its own package, so a bare
 `lm_eval --model rope-lm` cannot see this one: this script imports the model
-(rope_lm/lm_eval_model.py), gives it the scaling config group of conf/ for
+(rope_lm/probes/lm_eval_model.py), gives it the scaling config group of conf/ for
 `scaling=<method>` and `scaling.<key>=<value>`, and runs lm-eval's CLI.
 """
 
@@ -20,7 +20,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from rope_lm.cli import group_config, group_options, log_to_stderr, user_errors
-from rope_lm.errors import ConfigError
+from rope_lm.core.errors import ConfigError
 
 CONFIG = "lm_eval_harness"
 
@@ -46,13 +46,17 @@ def compose_scaling(name: str, settings: dict) -> dict:
     from the scaling group as the other scripts compose them."""
     methods = group_options("scaling")
     if name not in methods:
-        raise ConfigError(f"scaling={name!r} is not an extrapolation method of rope-lm; valid values are "
-                          f"{', '.join(methods)} (docs/methods.md).")
+        raise ConfigError(
+            f"scaling={name!r} is not an extrapolation method of rope-lm; valid values are "
+            f"{', '.join(methods)} (docs/methods.md)."
+        )
     keys = [k for k in group_config("scaling", name) if k != "name"]
     unknown = sorted(set(settings) - set(keys))
     if unknown:
-        raise ConfigError(f"scaling={name} has no setting {', '.join('scaling.' + k for k in unknown)}; it takes "
-                          f"{', '.join('scaling.' + k for k in keys) or 'no settings'}.")
+        raise ConfigError(
+            f"scaling={name} has no setting {', '.join('scaling.' + k for k in unknown)}; it takes "
+            f"{', '.join('scaling.' + k for k in keys) or 'no settings'}."
+        )
     overrides = [f"scaling={name}"] + [f"scaling.{k}={_override_value(v)}" for k, v in settings.items()]
     try:
         cfg = compose(config_name=CONFIG, overrides=overrides)
@@ -62,9 +66,9 @@ def compose_scaling(name: str, settings: dict) -> dict:
 
 
 def main():
-    from rope_lm.lm_eval_model import RopeLM  # first: without lm-eval, it says how to install it
-
     from lm_eval.__main__ import cli_evaluate
+
+    from rope_lm.probes.lm_eval_model import RopeLM  # first: without lm-eval, it says how to install it
 
     log_to_stderr()
     with initialize(config_path="../conf", version_base="1.3", job_name=CONFIG):

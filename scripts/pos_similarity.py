@@ -16,7 +16,7 @@ import hydra
 from omegaconf import OmegaConf
 
 from rope_lm.cli import hydra_task
-from rope_lm.errors import ConfigError
+from rope_lm.core.errors import ConfigError
 
 MAX_JSON_SIDE = 256  # the JSON keeps the matrix subsampled to at most this many rows and columns
 
@@ -24,9 +24,9 @@ MAX_JSON_SIDE = 256  # the JSON keeps the matrix subsampled to at most this many
 @hydra.main(config_path="../conf", config_name="pos_similarity", version_base="1.3")
 @hydra_task
 def main(cfg):
-    from rope_lm import diagnostics as D
-    from rope_lm.trained import open_model
-    from rope_lm.files import from_here
+    from rope_lm.core.files import from_here
+    from rope_lm.probes import diagnostics as D
+    from rope_lm.runs.trained import open_model
 
     args = OmegaConf.to_container(cfg, resolve=True)
     if args["positions"] is not None and args["positions"] < 2:
@@ -42,20 +42,30 @@ def main(cfg):
         method = getattr(model.scaling, "label", model.scaling.name)
         title = f"{trained.scheme} ({method}), trained at {train_len}"
         panels.append({"title": title, "matrix": sim, "train_len": train_len})
-        summary["checkpoint"] = {"path": from_here(trained.path), "source": trained.source, "scheme": trained.scheme, "method": method,
-                                 "train_len": train_len, **_summary(D, sim, train_len)}
+        summary["checkpoint"] = {
+            "path": from_here(trained.path),
+            "source": trained.source,
+            "scheme": trained.scheme,
+            "method": method,
+            "train_len": train_len,
+            **_summary(D, sim, train_len),
+        }
         dim = model.cfg.d_model
     else:
         n, dim, train_len = args["positions"] or 512, args["dim"], None
     sin = D.cosine_similarity_matrix(D.sinusoidal_table(n, dim, args["base"]))
-    panels.append({"title": f"sinusoidal formula, d={dim}, base {args['base']:g}", "matrix": sin, "train_len": train_len})
+    panels.append(
+        {"title": f"sinusoidal formula, d={dim}, base {args['base']:g}", "matrix": sin, "train_len": train_len}
+    )
     summary["sinusoidal"] = {"dim": dim, "base": args["base"], **_summary(D, sin, train_len)}
     D.output_dir(args["out"], ckpt, "pos_similarity")
     out = D.make_output_dir(args["out"], ckpt, "pos_similarity")
     D.plot_similarity(panels, os.path.join(out, "pos_similarity.png"))
     D.save_json(os.path.join(out, "pos_similarity.json"), {"positions": n, **summary})
     for name, s in summary.items():
-        print(f"{name:<12} mean cos-sim at offset 1: {s['by_offset'][1]:.3f}, offset {n // 2}: {s['by_offset'][n // 2]:.3f}")
+        print(
+            f"{name:<12} mean cos-sim at offset 1: {s['by_offset'][1]:.3f}, offset {n // 2}: {s['by_offset'][n // 2]:.3f}"
+        )
     print(f"Position similarity: {out}/ (pos_similarity.png, pos_similarity.json)")
 
 

@@ -19,14 +19,24 @@ from rope_lm.cli import hydra_task, log_to_stderr
 @hydra.main(config_path="../conf", config_name="prepare_data", version_base="1.3")
 @hydra_task
 def main(cfg):
-    from rope_lm.config import split_data
-    from rope_lm.cache import prepare
+    from rope_lm.data.split import split_data
+    from rope_lm.data.token_cache import prepare
 
     log_to_stderr()
     data, source = split_data(OmegaConf.to_container(cfg.data, resolve=True))
     cache = prepare(data, source)
-    print(json.dumps({"cache": cache.dir, "tokens": cache.meta["tokens"], "vocab_size": cache.vocab_size,
-                      "eos_token": cache.meta.get("eos_token"), "corpus": cache.corpus}, indent=1))
+    print(
+        json.dumps(
+            {
+                "cache": cache.dir,
+                "tokens": cache.meta["tokens"],
+                "vocab_size": cache.vocab_size,
+                "eos_token": cache.meta.get("eos_token"),
+                "corpus": cache.corpus,
+            },
+            indent=1,
+        )
+    )
 
 
 if __name__ == "__main__":

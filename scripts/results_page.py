@@ -1,5 +1,5 @@
 """Regenerate the tables of the results pages from the committed CSVs
-(rope_lm/results_page.py: the block markers). Settings and examples:
+(rope_lm/compare/results_page.py: the block markers). Settings and examples:
 python scripts/results_page.py --help (conf/results_page.yaml)."""
 
 import sys
@@ -13,8 +13,8 @@ from rope_lm.cli import hydra_task
 @hydra.main(config_path="../conf", config_name="results_page", version_base="1.3")
 @hydra_task
 def main(cfg):
-    from rope_lm.files import atomic_write
-    from rope_lm.results_page import regenerate
+    from rope_lm.compare.results_page import regenerate
+    from rope_lm.core.files import atomic_write
 
     a = OmegaConf.to_container(cfg, resolve=True)
     stale = {}

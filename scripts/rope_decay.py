@@ -13,7 +13,7 @@ import hydra
 from omegaconf import OmegaConf
 
 from rope_lm.cli import hydra_task
-from rope_lm.errors import ConfigError
+from rope_lm.core.errors import ConfigError
 
 
 @hydra.main(config_path="../conf", config_name="rope_decay", version_base="1.3")
@@ -21,8 +21,8 @@ from rope_lm.errors import ConfigError
 def main(cfg):
     import torch
 
-    from rope_lm import diagnostics as D
-    from rope_lm.trained import open_model
+    from rope_lm.probes import diagnostics as D
+    from rope_lm.runs.trained import open_model
 
     a = OmegaConf.to_container(cfg, resolve=True)
     max_distance = a["max_distance"]
@@ -35,8 +35,16 @@ def main(cfg):
     for base in a["bases"]:
         for d in a["head_dims"]:
             bound = D.rope_decay_bound(D.rope_inv_freq(d, base), distances)
-            curves.append({"label": f"base {base:g}, d={d}", "base": base, "head_dim": d, "bound_at_0": float(bound[0]),
-                           "distances": distances.tolist(), "bound": bound.tolist()})
+            curves.append(
+                {
+                    "label": f"base {base:g}, d={d}",
+                    "base": base,
+                    "head_dim": d,
+                    "bound_at_0": float(bound[0]),
+                    "distances": distances.tolist(),
+                    "bound": bound.tolist(),
+                }
+            )
     ckpt = None
     if a["ckpt"]:
         trained = open_model(a["ckpt"], "cpu", a.get("scaling"))
@@ -44,13 +52,23 @@ def main(cfg):
         inv_freq, factor, label = D.checkpoint_rope_frequencies(model, a["length"] or max_distance)
         # cos and sin carry the attention factor, so the score (and its bound) scales by factor^2
         bound = D.rope_decay_bound(inv_freq, distances) * factor**2
-        curves.append({"label": label, "head_dim": 2 * inv_freq.numel(), "attention_factor": factor,
-                       "bound_at_0": float(bound[0]), "distances": distances.tolist(), "bound": bound.tolist()})
+        curves.append(
+            {
+                "label": label,
+                "head_dim": 2 * inv_freq.numel(),
+                "attention_factor": factor,
+                "bound_at_0": float(bound[0]),
+                "distances": distances.tolist(),
+                "bound": bound.tolist(),
+            }
+        )
     if not curves:
         raise ConfigError("Nothing to plot: give bases= and head_dims=, or ckpt=.")
     D.output_dir(a["out"], ckpt, "rope_decay")
     out = D.make_output_dir(a["out"], ckpt, "rope_decay")
-    D.save_json(os.path.join(out, "rope_decay.json"), {"max_distance": max_distance, "train_len": train_len, "curves": curves})
+    D.save_json(
+        os.path.join(out, "rope_decay.json"), {"max_distance": max_distance, "train_len": train_len, "curves": curves}
+    )
     D.plot_rope_decay(curves, os.path.join(out, "rope_decay.png"), train_len)
     near = min(256, max_distance)
     for c in curves:

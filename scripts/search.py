@@ -19,7 +19,7 @@ import hydra
 from omegaconf import OmegaConf
 
 from rope_lm.cli import group_config, hydra_task
-from rope_lm.errors import ConfigError
+from rope_lm.core.errors import ConfigError
 
 log = logging.getLogger("rope_lm")
 CONF_SCALING = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "conf", "scaling")
@@ -28,11 +28,11 @@ CONF_SCALING = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__fi
 @hydra.main(config_path="../conf", config_name="search", version_base="1.3")
 @hydra_task
 def main(cfg):
-    from rope_lm import search as S
-    from rope_lm.config import typed_dataclass
-    from rope_lm.files import from_here
-    from rope_lm.longrope_search import Evolution
-    from rope_lm.trained import open_model
+    from rope_lm.core.files import from_here
+    from rope_lm.core.typed import typed_dataclass
+    from rope_lm.eval import search as S
+    from rope_lm.eval.longrope_search import Evolution
+    from rope_lm.runs.trained import open_model
 
     logging.basicConfig(level=logging.INFO, format="[%(name)s] %(message)s")
     a = OmegaConf.to_container(cfg, resolve=True)
@@ -43,26 +43,31 @@ def main(cfg):
         if isinstance(a[key], bool) or not isinstance(a[key], int) or a[key] < 1:
             raise ConfigError(f"{key}={a[key]!r} must be a positive integer.")
     if bool(a["ckpt"]) == bool(a["hf"]):
-        raise ConfigError("Give one model: ckpt= (a .ckpt file or a run directory) or hf= (a transformers model "
-                          "folder or hub name).")
+        raise ConfigError(
+            "Give one model: ckpt= (a .ckpt file or a run directory) or hf= (a transformers model folder or hub name)."
+        )
     installed = None
     if a["conf_name"]:
         installed = os.path.join(CONF_SCALING, f"{a['conf_name']}.yaml")
         if os.path.exists(installed):
-            raise ConfigError(f"conf_name={a['conf_name']!r}: {installed} exists already and is never overwritten; "
-                              f"choose another name.")
+            raise ConfigError(
+                f"conf_name={a['conf_name']!r}: {installed} exists already and is never overwritten; "
+                f"choose another name."
+            )
     reference = group_config("scaling", S.reference_of(method))
     trained = open_model(f"hf:{a['hf']}" if a["hf"] else a["ckpt"], a["device"])
     model, train_len = trained.model, trained.train_len
     target = a["target"] or int(round(a["multiplier"] * train_len))
     if target <= train_len:
-        raise ConfigError(f"The target length {target} must exceed the model's training length {train_len}: below "
-                          f"it every method is plain positions. Raise target= or multiplier=.")
+        raise ConfigError(
+            f"The target length {target} must exceed the model's training length {train_len}: below "
+            f"it every method is plain positions. Raise target= or multiplier=."
+        )
     model.set_scaling(reference)  # a method the scheme does not take is refused here, before any work
     model.validate_length(target)
     out = _output_dir(a["out"], trained.path, method, target / train_len)
 
-    from rope_lm.trained import checkpoint_cache
+    from rope_lm.runs.trained import checkpoint_cache
 
     cache, _ = checkpoint_cache(trained.lit, a["data"], out)
     obj = S.objective(model, cache.tokens("valid"), target, a["val_tokens"], a["batch_tokens"])
@@ -72,14 +77,17 @@ def main(cfg):
     seconds = time.perf_counter() - started
     chosen = _options(method, best, reference, obj)
 
-    from rope_lm.evaluation import evaluate_lengths
-    from rope_lm.files import atomic_write
-    from rope_lm.diagnostics import save_json
+    from rope_lm.core.files import atomic_write
+    from rope_lm.eval.evaluation import evaluate_lengths
+    from rope_lm.probes.diagnostics import save_json
 
     final = S.final_config(obj.eval_cfg, a["test_tokens"], a["bootstrap"], a["seed"])
     rows, units = {}, {}
-    for label, options in (("none", {"name": "none"}), (f"{reference['name']} defaults", reference),
-                           (f"{method} searched", chosen)):
+    for label, options in (
+        ("none", {"name": "none"}),
+        (f"{reference['name']} defaults", reference),
+        (f"{method} searched", chosen),
+    ):
         model.set_scaling(options)
         got = {}
         rows[label] = evaluate_lengths(model, cache.tokens("test"), final, train_len, units_out=got)[0]
@@ -92,26 +100,38 @@ def main(cfg):
         atomic_write(installed, text)
     save_json(os.path.join(out, "trials.json"), history)
     _plot(history, os.path.join(out, "trials.png"), method, target, train_len)
-    summary = {"checkpoint": from_here(trained.path), "method": method, "target": target, "train_len": train_len,
-               "seed": a["seed"], "trials": len(history), "search_seconds": seconds,
-               "validation": {"tokens": obj.eval_cfg.token_budget, "best_ppl": best["ppl"],
-                              "defaults_ppl": _defaults_ppl(history)},
-               "best": chosen, "test": {k: {key: v.get(key) for key in ("ppl", "ppl_lo", "ppl_hi", "tokens")}
-                                        for k, v in rows.items()},
-               "paired": paired,
-               "settings": {k: a[k] for k in ("trials", "longrope", "val_tokens", "test_tokens", "bootstrap")},
-               "installed": installed}
+    summary = {
+        "checkpoint": from_here(trained.path),
+        "method": method,
+        "target": target,
+        "train_len": train_len,
+        "seed": a["seed"],
+        "trials": len(history),
+        "search_seconds": seconds,
+        "validation": {
+            "tokens": obj.eval_cfg.token_budget,
+            "best_ppl": best["ppl"],
+            "defaults_ppl": _defaults_ppl(history),
+        },
+        "best": chosen,
+        "test": {k: {key: v.get(key) for key in ("ppl", "ppl_lo", "ppl_hi", "tokens")} for k, v in rows.items()},
+        "paired": paired,
+        "settings": {k: a[k] for k in ("trials", "longrope", "val_tokens", "test_tokens", "bootstrap")},
+        "installed": installed,
+    }
     save_json(os.path.join(out, "search.json"), summary)
     table = _table(summary)
     atomic_write(os.path.join(out, "search.md"), table)
     print("\n" + table)
-    print(f"Search: {out}/ (best.yaml, trials.json, trials.png, search.json, search.md)"
-          + (f"; installed as scaling={a['conf_name']}" if installed else ""))
+    print(
+        f"Search: {out}/ (best.yaml, trials.json, trials.png, search.json, search.md)"
+        + (f"; installed as scaling={a['conf_name']}" if installed else "")
+    )
 
 
 def _run(method, obj, a, evolution, trials_json):
-    from rope_lm import search as S
-    from rope_lm.diagnostics import save_json
+    from rope_lm.eval import search as S
+    from rope_lm.probes.diagnostics import save_json
 
     done = []
 
@@ -123,7 +143,7 @@ def _run(method, obj, a, evolution, trials_json):
 
     if method != "longrope":
         return S.optuna_search(method, obj, a["trials"], a["seed"], report)
-    from rope_lm.longrope_search import evolve
+    from rope_lm.eval.longrope_search import evolve
 
     spec = obj.model.pos_scheme.rotary
 
@@ -147,13 +167,15 @@ def _defaults_ppl(history):
 
 
 def _output_dir(out, path, method, ratio) -> str:
-    from rope_lm.files import fresh_dir
-    from rope_lm.trained import output_home
+    from rope_lm.core.files import fresh_dir
+    from rope_lm.runs.trained import output_home
 
     if out:
         if os.path.isdir(out) and os.listdir(out):
-            raise ConfigError(f"out={out} holds files already, which a search never overwrites; give a new folder "
-                              f"(or leave out= unset for a fresh one).")
+            raise ConfigError(
+                f"out={out} holds files already, which a search never overwrites; give a new folder "
+                f"(or leave out= unset for a fresh one)."
+            )
         os.makedirs(out, exist_ok=True)
         return out
     folder = fresh_dir(os.path.join(output_home(path, "search"), f"{method}_x{ratio:g}"))
@@ -164,9 +186,11 @@ def _output_dir(out, path, method, ratio) -> str:
 def _yaml(options, source, target, best, n) -> str:
     import yaml
 
-    head = (f"# Searched by scripts/search.py for {source} at {target} tokens: validation PPL "
-            f"{best['ppl']:.4f}, the best of {n} trials.\n# Load with scaling=<this file> "
-            f"(scripts/eval_extrapolation.py) or copy into conf/scaling/.\n")
+    head = (
+        f"# Searched by scripts/search.py for {source} at {target} tokens: validation PPL "
+        f"{best['ppl']:.4f}, the best of {n} trials.\n# Load with scaling=<this file> "
+        f"(scripts/eval_extrapolation.py) or copy into conf/scaling/.\n"
+    )
     return head + yaml.safe_dump(options, sort_keys=False)
 
 
@@ -176,7 +200,7 @@ def _plot(history, path, method, target, train_len):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from rope_lm.files import save_figure
+    from rope_lm.core.files import save_figure
 
     done = [r for r in history if r["ppl"] is not None]
     fig, ax = plt.subplots(figsize=(7, 4))
@@ -188,8 +212,12 @@ def _plot(history, path, method, target, train_len):
         line.append(best)
     ax.step(range(len(history)), line, where="post", color="black", label="best so far")
     if _defaults_ppl(history) is not None:
-        ax.axhline(_defaults_ppl(history), color="grey", linestyle="--",
-                   label="defaults" if method != "longrope" else "YaRN's factors")
+        ax.axhline(
+            _defaults_ppl(history),
+            color="grey",
+            linestyle="--",
+            label="defaults" if method != "longrope" else "YaRN's factors",
+        )
     ax.set_yscale("log")
     ax.set_xlabel("trial")
     ax.set_ylabel(f"validation PPL at {target} tokens")
@@ -199,7 +227,7 @@ def _plot(history, path, method, target, train_len):
 
 
 def _table(s: dict) -> str:
-    from rope_lm.tables import markdown_table
+    from rope_lm.core.tables import markdown_table
 
     def cell(r):
         ci = f" [{r['ppl_lo']:.2f}, {r['ppl_hi']:.2f}]" if r.get("ppl_lo") is not None else ""
@@ -207,19 +235,30 @@ def _table(s: dict) -> str:
 
     rows = [[label, cell(r)] for label, r in s["test"].items()]
     tokens = max(r.get("tokens") or 0 for r in s["test"].values())
-    ratios = [f"* {pair}: {r['ratio']:.3f}" + (f" [{r['lo']:.3f}, {r['hi']:.3f}]" if r.get("lo") is not None else "")
-              for pair, r in (s.get("paired") or {}).items()]
-    ci = ("95% bootstrap interval over windows" if any(r.get("ppl_lo") is not None for r in s["test"].values())
-          else f"no interval: {tokens} test tokens make {tokens // s['target']} window of {s['target']} "
-               f"(test_tokens= of at least twice the target gives one)")
-    return (f"# {s['method']} settings searched at {s['target']} tokens ({s['target'] / s['train_len']:g} x L)\n\n"
-            f"Checkpoint {s['checkpoint']}. {s['trials']} trials, each scoring {s['validation']['tokens']} validation "
-            f"tokens; best validation PPL {s['validation']['best_ppl']:.3f}. Test-split PPL at the target, {ci}:\n\n"
-            + markdown_table(["settings", f"test PPL @ {s['target']}"], rows) + "\n"
-            + ("\nTest PPL ratios on the same windows, with the 95% interval of the paired bootstrap (each resample "
-               "draws the same windows for both settings, so the interval holds the noise of the difference, not of "
-               "each PPL; below 1 beyond the interval: the first is better):\n\n" + "\n".join(ratios) + "\n"
-               if ratios else ""))
+    ratios = [
+        f"* {pair}: {r['ratio']:.3f}" + (f" [{r['lo']:.3f}, {r['hi']:.3f}]" if r.get("lo") is not None else "")
+        for pair, r in (s.get("paired") or {}).items()
+    ]
+    ci = (
+        "95% bootstrap interval over windows"
+        if any(r.get("ppl_lo") is not None for r in s["test"].values())
+        else f"no interval: {tokens} test tokens make {tokens // s['target']} window of {s['target']} "
+        f"(test_tokens= of at least twice the target gives one)"
+    )
+    return (
+        f"# {s['method']} settings searched at {s['target']} tokens ({s['target'] / s['train_len']:g} x L)\n\n"
+        f"Checkpoint {s['checkpoint']}. {s['trials']} trials, each scoring {s['validation']['tokens']} validation "
+        f"tokens; best validation PPL {s['validation']['best_ppl']:.3f}. Test-split PPL at the target, {ci}:\n\n"
+        + markdown_table(["settings", f"test PPL @ {s['target']}"], rows)
+        + "\n"
+        + (
+            "\nTest PPL ratios on the same windows, with the 95% interval of the paired bootstrap (each resample "
+            "draws the same windows for both settings, so the interval holds the noise of the difference, not of "
+            "each PPL; below 1 beyond the interval: the first is better):\n\n" + "\n".join(ratios) + "\n"
+            if ratios
+            else ""
+        )
+    )
 
 
 if __name__ == "__main__":

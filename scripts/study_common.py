@@ -8,7 +8,7 @@ import shlex
 import subprocess
 import sys
 
-from rope_lm.errors import ConfigError, RopeLMError
+from rope_lm.core.errors import ConfigError, RopeLMError
 
 # The study drivers run the repository's own entry points, which sit next to scripts/.
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -21,8 +21,10 @@ class StepFailed(RopeLMError):
 def check_overrides(overrides: list[str]):
     bad = [o for o in overrides if "=" not in o]
     if bad:
-        raise ConfigError(f"{', '.join(bad)}: the train= entries are train.py overrides, key=value "
-                          f"(e.g. \"train=['data=wikitext2','data.seq_len=256']\").")
+        raise ConfigError(
+            f"{', '.join(bad)}: the train= entries are train.py overrides, key=value "
+            f"(e.g. \"train=['data=wikitext2','data.seq_len=256']\")."
+        )
 
 
 def study_dir(name: str, out: str | None) -> str:
@@ -40,12 +42,17 @@ def run_step(title: str, args: list[str]):
     print(f"\n=== {title}\n$ {shown}\n", flush=True)
     rc = subprocess.run(cmd).returncode
     if rc != 0:
-        raise StepFailed(f"Study step '{title}' failed (exit status {rc}); its own message is above. "
-                         f"Fix it and rerun the step by hand: {shown}")
+        raise StepFailed(
+            f"Study step '{title}' failed (exit status {rc}); its own message is above. "
+            f"Fix it and rerun the step by hand: {shown}"
+        )
 
 
 def train(run_dir: str, experiment: str, overrides: list[str]) -> str:
-    run_step(f"train ({experiment})", ["train.py", f"+experiment={experiment}", f"hydra.run.dir={os.path.abspath(run_dir)}", *overrides])
+    run_step(
+        f"train ({experiment})",
+        ["train.py", f"+experiment={experiment}", f"hydra.run.dir={os.path.abspath(run_dir)}", *overrides],
+    )
     return run_dir
 
 
@@ -80,9 +87,9 @@ def applicable(scheme, names: list[str]) -> tuple[list[str], list[str]]:
 def evaluate(ckpt: str, methods: list[str], out: str, settings: list[str]):
     """A zero-shot evaluation step; a study run again skips it once its
     results are complete, and redoes it (deterministic) if they are not."""
-    from rope_lm.report import RESULTS_JSON
-    from rope_lm.run_folder import Status
-    from rope_lm.sweep import job_state
+    from rope_lm.eval.report import RESULTS_JSON
+    from rope_lm.runs.run_folder import Status
+    from rope_lm.runs.sweep import job_state
 
     results = os.path.join(out, RESULTS_JSON)
     if os.path.exists(results):
@@ -91,19 +98,28 @@ def evaluate(ckpt: str, methods: list[str], out: str, settings: list[str]):
         with open(results) as f:
             done = [m.get("name") for m in (json.load(f).get("config") or {}).get("methods") or []]
         if sorted(done) != sorted(methods):
-            raise ConfigError(f"{out} holds an evaluation of other methods ({', '.join(map(str, done))}, not "
-                              f"{', '.join(methods)}); give this study its own out= folder.")
+            raise ConfigError(
+                f"{out} holds an evaluation of other methods ({', '.join(map(str, done))}, not "
+                f"{', '.join(methods)}); give this study its own out= folder."
+            )
         if job_state(out)["state"] == Status.COMPLETE:
             print(f"\n=== zero-shot evaluation ({', '.join(methods)}): {out} is complete; skipped", flush=True)
             return
         os.remove(results)  # a part-way evaluation of this same step: measured again from the start
-    run_step(f"zero-shot evaluation ({', '.join(methods)})",
-             ["scripts/eval_extrapolation.py", f"ckpt={os.path.abspath(ckpt)}", f"scaling={','.join(methods)}",
-              *settings, f"out={os.path.abspath(out)}"])
+    run_step(
+        f"zero-shot evaluation ({', '.join(methods)})",
+        [
+            "scripts/eval_extrapolation.py",
+            f"ckpt={os.path.abspath(ckpt)}",
+            f"scaling={','.join(methods)}",
+            *settings,
+            f"out={os.path.abspath(out)}",
+        ],
+    )
 
 
 def compare_and_report(paths: list[str], out: str, title: str, group: bool, wandb: bool, wandb_group: str | None):
-    from rope_lm.compare import compare, log_to_wandb
+    from rope_lm.compare.ppl import compare, log_to_wandb
 
     summary = compare(paths, out, group=group, title=title)
     print("\n" + open(summary["files"]["markdown"]).read())
@@ -116,5 +132,6 @@ def compare_and_report(paths: list[str], out: str, title: str, group: bool, wand
 
 def compare_command(paths: list[str], out: str, group: bool) -> str:
     """The scripts/compare.py command line that redoes a study's comparison."""
-    return shlex.join(["python", "scripts/compare.py", f"paths=[{','.join(paths)}]", *(["group=true"] if group else []),
-                       f"out={out}"])
+    return shlex.join(
+        ["python", "scripts/compare.py", f"paths=[{','.join(paths)}]", *(["group=true"] if group else []), f"out={out}"]
+    )

@@ -18,16 +18,25 @@ import os
 
 import hydra
 from omegaconf import OmegaConf
+from study_common import (
+    check_overrides,
+    compare_and_report,
+    compare_command,
+    evaluate,
+    run_step,
+    study_dir,
+    token_budget,
+    train,
+)
 
 from rope_lm.cli import hydra_task
-from rope_lm.errors import ConfigError
-from study_common import check_overrides, compare_and_report, compare_command, evaluate, run_step, study_dir, token_budget, train
+from rope_lm.core.errors import ConfigError
 
 
 @hydra.main(config_path="../conf", config_name="study_finetune_extension", version_base="1.3")
 @hydra_task
 def main(cfg):
-    from rope_lm.trained import open_model
+    from rope_lm.runs.trained import open_model
 
     a = OmegaConf.to_container(cfg, resolve=True)
     check_overrides(a["train"])
@@ -42,27 +51,51 @@ def main(cfg):
     lit, ckpt = opened.lit, opened.path
     L, factor = lit.model.cfg.train_len, a["factor"]
     if lit.model.pos_scheme.family != "rotary":
-        raise ConfigError(f"{base} holds a {lit.model.pos_scheme.name!r} model; this study fine-tunes RoPE scaling methods.")
+        raise ConfigError(
+            f"{base} holds a {lit.model.pos_scheme.name!r} model; this study fine-tunes RoPE scaling methods."
+        )
     lengths = f"[{','.join(str(L * m) for m in (1, 2, 4, 8, 16))}]"
     # `none` fine-tuned too: the control that separates what a method adds from what more training at the
     # longer length alone does.
     runs = list(dict.fromkeys(["none", *a["methods"]]))
     budget = token_budget(base)
-    evaluate(ckpt, runs, os.path.join(out, "zero_shot"),
-             [f"eval.lengths={lengths}", f"eval.token_budget={budget}", "eval.position_buckets=128"])
+    evaluate(
+        ckpt,
+        runs,
+        os.path.join(out, "zero_shot"),
+        [f"eval.lengths={lengths}", f"eval.token_budget={budget}", "eval.position_buckets=128"],
+    )
     # The base's model and position settings are the preset's unless overridden; init_from refuses a mismatch.
-    run_step(f"fine-tune at {factor * L} ({', '.join(runs)})",
-             ["train.py", "-m", "+experiment=finetune_extension", f"init_from={os.path.abspath(ckpt)}",
-              f"scaling={','.join(runs)}", f"data.seq_len={factor * L}", f"eval.lengths={lengths}",
-              f"eval.token_budget={budget}", f"hydra.sweep.dir={os.path.abspath(os.path.join(out, 'finetune'))}",
-              *([f"trainer.max_steps={a['steps']}"] if a["steps"] else []), *a["train"]])
+    run_step(
+        f"fine-tune at {factor * L} ({', '.join(runs)})",
+        [
+            "train.py",
+            "-m",
+            "+experiment=finetune_extension",
+            f"init_from={os.path.abspath(ckpt)}",
+            f"scaling={','.join(runs)}",
+            f"data.seq_len={factor * L}",
+            f"eval.lengths={lengths}",
+            f"eval.token_budget={budget}",
+            f"hydra.sweep.dir={os.path.abspath(os.path.join(out, 'finetune'))}",
+            *([f"trainer.max_steps={a['steps']}"] if a["steps"] else []),
+            *a["train"],
+        ],
+    )
     data_name = (lit.hparams.get("data") or {}).get("name", "data")
     paths = [os.path.join(out, "zero_shot"), os.path.join(out, "finetune")]
-    compare_and_report(paths, os.path.join(out, "compare"),
-                       f"finetune_extension: {', '.join(a['methods'])} zero-shot vs fine-tuned at {factor * L} (base L={L})",
-                       group=True, wandb=a["wandb"], wandb_group=f"finetune_extension-{data_name}-L{factor * L}")
-    print(f"Study: {out}/ (zero_shot/, finetune/, compare/)  —  reproduce the comparison with:  "
-          f"{compare_command(paths, os.path.join(out, 'compare'), group=True)}")
+    compare_and_report(
+        paths,
+        os.path.join(out, "compare"),
+        f"finetune_extension: {', '.join(a['methods'])} zero-shot vs fine-tuned at {factor * L} (base L={L})",
+        group=True,
+        wandb=a["wandb"],
+        wandb_group=f"finetune_extension-{data_name}-L{factor * L}",
+    )
+    print(
+        f"Study: {out}/ (zero_shot/, finetune/, compare/)  —  reproduce the comparison with:  "
+        f"{compare_command(paths, os.path.join(out, 'compare'), group=True)}"
+    )
 
 
 if __name__ == "__main__":

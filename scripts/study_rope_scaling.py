@@ -13,16 +13,25 @@ import os
 
 import hydra
 from omegaconf import OmegaConf
+from study_common import (
+    applicable,
+    check_overrides,
+    compare_and_report,
+    compare_command,
+    evaluate,
+    study_dir,
+    token_budget,
+    train,
+)
 
 from rope_lm.cli import group_options, hydra_task
-from rope_lm.errors import ConfigError
-from study_common import applicable, check_overrides, compare_and_report, compare_command, evaluate, study_dir, token_budget, train
+from rope_lm.core.errors import ConfigError
 
 
 @hydra.main(config_path="../conf", config_name="study_rope_scaling", version_base="1.3")
 @hydra_task
 def main(cfg):
-    from rope_lm.trained import open_model
+    from rope_lm.runs.trained import open_model
 
     a = OmegaConf.to_container(cfg, resolve=True)
     check_overrides(a["train"])
@@ -35,7 +44,9 @@ def main(cfg):
     lit, ckpt = opened.lit, opened.path
     scheme = lit.model.pos_scheme
     if scheme.family != "rotary":
-        raise ConfigError(f"{run} holds a {scheme.name!r} model (family {scheme.family!r}); this study is about RoPE scaling methods.")
+        raise ConfigError(
+            f"{run} holds a {scheme.name!r} model (family {scheme.family!r}); this study is about RoPE scaling methods."
+        )
     asked = a["methods"] or group_options("scaling")
     methods, skipped = applicable(scheme, sorted(asked, key=lambda n: n != "none"))  # the baseline first
     for note in skipped:
@@ -43,7 +54,11 @@ def main(cfg):
     if not methods:
         raise ConfigError(f"None of the methods {', '.join(asked)} applies to {scheme.name!r}.")
     multipliers = f"[{','.join(str(m) for m in a['multipliers'])}]"
-    settings = [f"eval.multipliers={multipliers}", f"eval.token_budget={token_budget(run)}", "eval.position_buckets=128"]
+    settings = [
+        f"eval.multipliers={multipliers}",
+        f"eval.token_budget={token_budget(run)}",
+        "eval.position_buckets=128",
+    ]
     evaluate(ckpt, methods, os.path.join(out, "zero_shot"), settings)
     paths = [os.path.join(out, "zero_shot")]
     with_logn = [m for m in methods if m not in ("none", "logn")]
@@ -52,10 +67,18 @@ def main(cfg):
         paths.append(os.path.join(out, "zero_shot_logn"))
     L = lit.model.cfg.train_len
     group = f"rope_scaling-{(lit.hparams.get('data') or {}).get('name', 'data')}-L{L}"
-    compare_and_report(paths, os.path.join(out, "compare"), f"rope_scaling: zero-shot methods on {scheme.name}, L_train={L}",
-                       group=False, wandb=a["wandb"], wandb_group=group)
-    print(f"Study: {out}/ (train/, zero_shot/, compare/)  —  reproduce the comparison with:  "
-          f"{compare_command(paths, os.path.join(out, 'compare'), group=False)}")
+    compare_and_report(
+        paths,
+        os.path.join(out, "compare"),
+        f"rope_scaling: zero-shot methods on {scheme.name}, L_train={L}",
+        group=False,
+        wandb=a["wandb"],
+        wandb_group=group,
+    )
+    print(
+        f"Study: {out}/ (train/, zero_shot/, compare/)  —  reproduce the comparison with:  "
+        f"{compare_command(paths, os.path.join(out, 'compare'), group=False)}"
+    )
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ _SWEEPS: set = set()
 
 
 def summarize(sweep_dir: str):
-    from rope_lm.task_compare import task_summary
+    from rope_lm.compare.task_compare import task_summary
 
     table = task_summary(sweep_dir)
     if table:
@@ -34,9 +34,9 @@ def summarize(sweep_dir: str):
 def main(cfg):
     from hydra.types import RunMode
 
-    from rope_lm.loggers import build_logger, finish
-    from rope_lm.run_folder import Skip, check_writable, describe
-    from rope_lm.task_run import claim, markdown, resolve_task_run, run_task
+    from rope_lm.probes.task_run import claim, markdown, resolve_task_run, run_task
+    from rope_lm.runs.run_folder import Skip, check_writable, describe
+    from rope_lm.train.loggers import build_logger, finish
 
     log_to_stderr()
     config = OmegaConf.to_container(cfg, resolve=True)

@@ -23,12 +23,24 @@ import torch  # noqa: E402
 # busy CPU oversubscription costs 100x (measured: 1.3 ms vs 550 ms a step).
 torch.set_num_threads(1)
 
-from rope_lm.corpus import stdlib_dir  # noqa: E402
-from rope_lm.config import split_data  # noqa: E402
-from rope_lm.data import prepare  # noqa: E402
+from rope_lm.data.corpus import stdlib_dir  # noqa: E402
+from rope_lm.data.loaders import prepare  # noqa: E402
+from rope_lm.data.split import split_data  # noqa: E402
 
-TINY_FILES = ["textwrap.py", "colorsys.py", "bisect.py", "heapq.py", "keyword.py", "shlex.py", "fnmatch.py",
-              "glob.py", "string.py", "numbers.py", "queue.py", "sched.py"]
+TINY_FILES = [
+    "textwrap.py",
+    "colorsys.py",
+    "bisect.py",
+    "heapq.py",
+    "keyword.py",
+    "shlex.py",
+    "fnmatch.py",
+    "glob.py",
+    "string.py",
+    "numbers.py",
+    "queue.py",
+    "sched.py",
+]
 
 
 def write_corpus(directory, names=TINY_FILES):
@@ -50,9 +62,17 @@ def tiny_corpus(tmp_path_factory):
 @pytest.fixture(scope="session")
 def tiny_data_options(tiny_corpus, tmp_path_factory):
     return {
-        "name": "tiny", "source": "files", "path": tiny_corpus, "seq_len": 16, "batch_size": 4,
-        "vocab_size": 320, "tokenizer_train_chars": 200_000, "valid_fraction": 0.2, "test_fraction": 0.2,
-        "val_tokens": 256, "cache_dir": str(tmp_path_factory.mktemp("cache")),
+        "name": "tiny",
+        "source": "files",
+        "path": tiny_corpus,
+        "seq_len": 16,
+        "batch_size": 4,
+        "vocab_size": 320,
+        "tokenizer_train_chars": 200_000,
+        "valid_fraction": 0.2,
+        "test_fraction": 0.2,
+        "val_tokens": 256,
+        "cache_dir": str(tmp_path_factory.mktemp("cache")),
     }
 
 
@@ -62,37 +82,76 @@ def tiny_cache(tiny_data_options):
     return prepare(data, source)
 
 
-TINY_MODEL = {"name": "test", "n_layer": 2, "n_head": 2, "d_model": 32, "mlp_ratio": 2.0, "dropout": 0.0,
-              "tie_embeddings": True, "bias": False, "attention": "auto"}
+TINY_MODEL = {
+    "name": "test",
+    "n_layer": 2,
+    "n_head": 2,
+    "d_model": 32,
+    "mlp_ratio": 2.0,
+    "dropout": 0.0,
+    "tie_embeddings": True,
+    "bias": False,
+    "attention": "auto",
+}
 
 
 @pytest.fixture
 def tiny_config(tiny_data_options):
     """A complete run config (as train.py builds it) that trains in seconds."""
-    return copy.deepcopy({
-        "seed": 0,
-        "ckpt_path": None,
-        "run_name": None,
-        "model": TINY_MODEL,
-        "pos": {"name": "rope", "base": 10000.0, "rotary_fraction": 1.0, "pairing": "half"},
-        "scaling": {"name": "none"},
-        "data": tiny_data_options,
-        "optim": {"lr": 3e-3, "min_lr_ratio": 0.1, "warmup_steps": 2, "weight_decay": 0.1, "beta1": 0.9,
-                  "beta2": 0.95, "eps": 1e-8},
-        "trainer": {"max_steps": 6, "val_every_n_steps": 3, "ckpt_every_n_steps": 3, "log_every_n_steps": 1,
-                    "enable_progress_bar": False, "enable_model_summary": False, "accelerator": "cpu",
-                    "devices": 1},
-        "logger": {"name": "none"},
-        "eval": {"multipliers": [1, 2, 4], "token_budget": 256, "batch_tokens": 256, "position_buckets": 8,
-                 "sliding_stride": None, "split": "test"},
-    })
+    return copy.deepcopy(
+        {
+            "seed": 0,
+            "ckpt_path": None,
+            "run_name": None,
+            "model": TINY_MODEL,
+            "pos": {"name": "rope", "base": 10000.0, "rotary_fraction": 1.0, "pairing": "half"},
+            "scaling": {"name": "none"},
+            "data": tiny_data_options,
+            "optim": {
+                "lr": 3e-3,
+                "min_lr_ratio": 0.1,
+                "warmup_steps": 2,
+                "weight_decay": 0.1,
+                "beta1": 0.9,
+                "beta2": 0.95,
+                "eps": 1e-8,
+            },
+            "trainer": {
+                "max_steps": 6,
+                "val_every_n_steps": 3,
+                "ckpt_every_n_steps": 3,
+                "log_every_n_steps": 1,
+                "enable_progress_bar": False,
+                "enable_model_summary": False,
+                "accelerator": "cpu",
+                "devices": 1,
+            },
+            "logger": {"name": "none"},
+            "eval": {
+                "multipliers": [1, 2, 4],
+                "token_budget": 256,
+                "batch_tokens": 256,
+                "position_buckets": 8,
+                "sliding_stride": None,
+                "split": "test",
+            },
+        }
+    )
 
 
 def cli_overrides(data_options: dict, run_dir, **extra) -> list[str]:
     """train.py command-line overrides for the tiny corpus and model."""
     args = ["data=local_files"] + [f"data.{k}={v}" for k, v in data_options.items()]
     args += [f"model.{k}={v}" for k, v in TINY_MODEL.items() if k != "name"]
-    args += ["logger=csv", "trainer.enable_progress_bar=false", "trainer.accelerator=cpu", "trainer.devices=1",
-             "eval.multipliers=[1,2,4]", "eval.token_budget=256", "eval.batch_tokens=256", "optim.warmup_steps=2",
-             f"hydra.run.dir={run_dir}"]
+    args += [
+        "logger=csv",
+        "trainer.enable_progress_bar=false",
+        "trainer.accelerator=cpu",
+        "trainer.devices=1",
+        "eval.multipliers=[1,2,4]",
+        "eval.token_budget=256",
+        "eval.batch_tokens=256",
+        "optim.warmup_steps=2",
+        f"hydra.run.dir={run_dir}",
+    ]
     return args + [f"{k}={v}" for k, v in extra.items()]

@@ -26,8 +26,18 @@ PIPE, STDOUT, DEVNULL = subprocess.PIPE, subprocess.STDOUT, subprocess.DEVNULL
 TimeoutExpired, CompletedProcess = subprocess.TimeoutExpired, subprocess.CompletedProcess
 
 # What the scripts import on their way to work; the server imports them once.
-PRELOAD = ["torch", "hydra", "omegaconf", "lightning.pytorch", "transformers", "rope_lm.cli", "rope_lm.pipeline",
-           "rope_lm.evaluation", "rope_lm.hf", "tests.forked"]
+PRELOAD = [
+    "torch",
+    "hydra",
+    "omegaconf",
+    "lightning.pytorch",
+    "transformers",
+    "rope_lm.cli",
+    "rope_lm.runs.pipeline",
+    "rope_lm.eval.evaluation",
+    "rope_lm.hf",
+    "tests.forked",
+]
 
 _context = None
 
@@ -45,8 +55,7 @@ def context():
 def _forkable(cmd) -> bool:
     if os.environ.get("ROPE_LM_TESTS_FORK", "1") == "0":
         return False
-    return (isinstance(cmd, (list, tuple)) and len(cmd) >= 2 and cmd[0] == sys.executable
-            and str(cmd[1]).endswith(".py"))
+    return isinstance(cmd, (list, tuple)) and len(cmd) >= 2 and cmd[0] == sys.executable and str(cmd[1]).endswith(".py")
 
 
 def _open_target(target, merged_into=None):
@@ -94,9 +103,17 @@ class Popen:
         self._err = self._out if stderr == STDOUT else _open_target(stderr)
         self._pipes = [p for p, t in ((self._out, stdout), (self._err, stderr)) if t == PIPE]
         self.stdout = self.stderr = None
-        self._proc = context().Process(target=_child, args=(
-            [str(a) for a in cmd[1:]], os.path.abspath(cwd or os.getcwd()), dict(env if env is not None else os.environ),
-            self._out, self._err), daemon=False)
+        self._proc = context().Process(
+            target=_child,
+            args=(
+                [str(a) for a in cmd[1:]],
+                os.path.abspath(cwd or os.getcwd()),
+                dict(env if env is not None else os.environ),
+                self._out,
+                self._err,
+            ),
+            daemon=False,
+        )
         self._proc.start()
         self.pid = self._proc.pid
         self._wants = (stdout == PIPE, stderr == PIPE)
@@ -139,12 +156,32 @@ class Popen:
         return tuple(got)
 
 
-def run(cmd, cwd=None, env=None, capture_output=False, text=False, timeout=None, check=False, stdout=None,
-        stderr=None, **kwargs):
+def run(
+    cmd,
+    cwd=None,
+    env=None,
+    capture_output=False,
+    text=False,
+    timeout=None,
+    check=False,
+    stdout=None,
+    stderr=None,
+    **kwargs,
+):
     """subprocess.run, with `python <file>.py ...` run in a forked process."""
     if not _forkable(cmd):
-        return subprocess.run(cmd, cwd=cwd, env=env, capture_output=capture_output, text=text, timeout=timeout,
-                              check=check, stdout=stdout, stderr=stderr, **kwargs)
+        return subprocess.run(
+            cmd,
+            cwd=cwd,
+            env=env,
+            capture_output=capture_output,
+            text=text,
+            timeout=timeout,
+            check=check,
+            stdout=stdout,
+            stderr=stderr,
+            **kwargs,
+        )
     if capture_output:
         stdout = stderr = PIPE
     proc = Popen(cmd, cwd=cwd, env=env, stdout=stdout, stderr=stderr, text=text)

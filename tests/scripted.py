@@ -1,7 +1,7 @@
 """A stand-in model for tests whose predictions are a rule over the sequence
 read so far (an oracle, a scripted answer), usable with and without the KV
 cache: with a cache it keeps the rows read in cache.state, as a real model
-keeps their keys, so rope_lm.generate decodes it like a TransformerLM."""
+keeps their keys, so rope_lm.infer.generate decodes it like a TransformerLM."""
 
 from types import SimpleNamespace
 
@@ -32,7 +32,7 @@ class SequenceModel(nn.Module):
             rows = [before + row for before, row in zip(cache.state.get("rows", [[]] * len(rows)), rows)]
             cache.state["rows"] = rows
             cache.commit(idx.shape[1])
-        return self.logits_of(rows)[:, -idx.shape[1]:]
+        return self.logits_of(rows)[:, -idx.shape[1] :]
 
     def forward(self, idx, cache=None):
         return self.lm_head(self.hidden(idx, cache=cache))

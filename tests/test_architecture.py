@@ -124,11 +124,19 @@ def is_module(name: str) -> bool:
 
 def strings(path: str) -> list[str]:
     tree = ast.parse(open(path, encoding="utf-8").read(), path)
-    docstrings = {id(n.body[0].value) for n in ast.walk(tree)
-                  if isinstance(n, (ast.Module, ast.FunctionDef, ast.ClassDef, ast.AsyncFunctionDef))
-                  and n.body and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
-    return [n.value for n in ast.walk(tree)
-            if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docstrings]
+    docstrings = {
+        id(n.body[0].value)
+        for n in ast.walk(tree)
+        if isinstance(n, (ast.Module, ast.FunctionDef, ast.ClassDef, ast.AsyncFunctionDef))
+        and n.body
+        and isinstance(n.body[0], ast.Expr)
+        and isinstance(n.body[0].value, ast.Constant)
+    }
+    return [
+        n.value
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docstrings
+    ]
 
 
 def rel(path: str) -> str:
@@ -139,47 +147,129 @@ def violations(files, forbidden) -> list[str]:
     return [f"{rel(f)} imports {name}" for f in files for name in imports(f) if forbidden(name)]
 
 
+# The layers of docs/architecture.md, lowest first: a module imports only from its own layer
+# or a lower one. The top-level modules (cli.py, the package's __init__) stand above them all,
+# except the package's __init__, which re-exports core's ConfigError and so sits with core.
+LAYERS = [
+    "core",
+    "tasks",
+    "positional",
+    "kernels",
+    "scaling",
+    "train_positions",
+    "model",
+    "data",
+    "train",
+    "eval",
+    "infer",
+    "hf",
+    "runs",
+    "probes",
+    "compare",
+]
+
+
+def layer(module: str) -> int:
+    if module == "rope_lm":
+        return LAYERS.index("core")
+    parts = module.split(".")
+    return LAYERS.index(parts[1]) if len(parts) >= 2 and parts[1] in LAYERS else len(LAYERS)
+
+
+def test_every_subpackage_is_a_layer_and_few_modules_sit_at_the_top():
+    entries = sorted(os.listdir(LIB))
+    folders = [e for e in entries if os.path.isfile(os.path.join(LIB, e, "__init__.py"))]
+    assert sorted(folders) == sorted(LAYERS), (
+        "a new folder of rope_lm/ needs its place in LAYERS and docs/architecture.md"
+    )
+    top = [e for e in entries if e.endswith(".py")]
+    assert len(top) <= 12, top
+
+
+def test_the_architecture_page_maps_every_folder():
+    page = open(os.path.join(ROOT, "docs", "architecture.md"), encoding="utf-8").read()
+    missing = [f for f in LAYERS if f"rope_lm/{f}/" not in page]
+    assert missing == []
+
+
+def test_no_import_points_up_a_layer_lazy_imports_included():
+    graph = import_graph()
+    up = sorted(f"{m} imports {n}" for m, targets in graph.items() for n in targets if layer(n) > layer(m))
+    assert up == []
+
+
+def folder_violations(folder: str, forbidden) -> list[str]:
+    return violations(modules(os.path.join(LIB, folder)), forbidden)
+
+
+@pytest.mark.parametrize(
+    "folder, allowed",
+    [
+        ("core", ("rope_lm.core",)),
+        ("tasks", ("rope_lm.core", "rope_lm.tasks")),
+        ("kernels", ("rope_lm", "rope_lm.core", "rope_lm.kernels", "rope_lm.positional.base")),
+        ("train_positions", ("rope_lm.core", "rope_lm.train_positions")),
+    ],
+)
+def test_the_lowest_folders_import_only_what_they_are_allowed(folder, allowed):
+    """core is a leaf; tasks is text (no model, no data); kernels import no model/ and
+    no scheme, only the scheme interface."""
+    own = lambda n: n.startswith("rope_lm") and not any(n == a or n.startswith(a + ".") for a in allowed)
+    assert folder_violations(folder, own) == []
+
+
 def test_positional_schemes_never_import_methods():
-    assert violations(modules(os.path.join(LIB, "positional")), lambda n: n.startswith("rope_lm.scaling")) == []
+    assert folder_violations("positional", lambda n: n.startswith("rope_lm.scaling")) == []
 
 
-def test_methods_read_schemes_only_through_the_interface():
-    allowed = ("rope_lm.positional.base",)
-    bad = violations(modules(os.path.join(LIB, "scaling")),
-                     lambda n: n.startswith("rope_lm.positional") and not n.startswith(allowed))
+def test_methods_read_schemes_only_through_the_interface_and_the_formulas():
+    allowed = ("rope_lm.positional.base", "rope_lm.positional.frequencies")
+    bad = folder_violations("scaling", lambda n: n.startswith("rope_lm.positional") and not n.startswith(allowed))
     assert bad == []
 
 
 def test_the_frequency_formulas_are_a_leaf():
-    bad = violations([os.path.join(LIB, "frequencies.py")],
-                     lambda n: n.startswith("rope_lm") and n not in ("rope_lm.errors", "rope_lm.errors.ConfigError"))
+    bad = violations(
+        [os.path.join(LIB, "positional", "frequencies.py")],
+        lambda n: n.startswith("rope_lm") and n not in ("rope_lm.core.errors", "rope_lm.core.errors.ConfigError"),
+    )
     assert bad == []
 
 
 def test_the_library_imports_no_tool_and_reads_no_config_folder():
     files = modules(LIB)
     assert violations(files, lambda n: n.split(".")[0] in ("scripts", "benchmarks", "train", "tests")) == []
-    reads_conf = [f"{rel(f)}: {s!r}" for f in files for s in strings(f)
-                  if s == "conf" or s.startswith(("conf/", "conf" + os.sep))]
+    reads_conf = [
+        f"{rel(f)}: {s!r}" for f in files for s in strings(f) if s == "conf" or s.startswith(("conf/", "conf" + os.sep))
+    ]
     assert reads_conf == []
 
 
 def test_only_the_cli_glue_knows_hydra():
-    bad = violations([f for f in modules(LIB) if not f.endswith(os.path.join("rope_lm", "cli.py"))],
-                     lambda n: n.split(".")[0] == "hydra")
+    bad = violations(
+        [f for f in modules(LIB) if not f.endswith(os.path.join("rope_lm", "cli.py"))],
+        lambda n: n.split(".")[0] == "hydra",
+    )
     assert bad == []
 
 
-def test_the_model_names_no_scheme_and_no_method():
+def test_the_model_and_its_kernels_name_no_scheme_and_no_method():
     from rope_lm.positional import SCHEMES
     from rope_lm.scaling import METHODS
 
-    for name in ("model.py", "attention.py"):
-        path = os.path.join(LIB, name)
-        named = [s for s in strings(path) if s in set(SCHEMES.names()) | set(METHODS.names()) - {"none"}]
+    named_set = set(SCHEMES.names()) | set(METHODS.names()) - {"none"}
+    for name in ("model/transformer.py", "model/kv_cache.py", "kernels/attention.py"):
+        path = os.path.join(LIB, *name.split("/"))
+        named = [s for s in strings(path) if s in named_set]
         assert named == [], f"{name} names {named}"
-        assert violations([path], lambda n: n.startswith("rope_lm.positional.") and n != "rope_lm.positional.base"
-                          or n.startswith("rope_lm.scaling.")) == []
+        bad = violations(
+            [path],
+            lambda n: (
+                (n.startswith("rope_lm.positional.") and n != "rope_lm.positional.base")
+                or n.startswith("rope_lm.scaling.")
+            ),
+        )
+        assert bad == []
 
 
 @pytest.mark.parametrize("folder", ["scripts", "benchmarks", "."])
@@ -196,19 +286,32 @@ def test_no_import_cycles_lazy_imports_included():
     """A cycle makes import order matter and hides which layer a module is in;
     a lazy import inside a function is still an arrow."""
     graph = import_graph()
-    assert "rope_lm.pipeline" in graph and graph["rope_lm.trained"]  # the graph sees the library
+    assert "rope_lm.runs.pipeline" in graph and graph["rope_lm.runs.trained"]  # the graph sees the library
     found = cycles(graph)
     detail = [" -> ".join(c) + ": " + "; ".join(f"{m} imports {sorted(graph[m] & set(c))}" for m in c) for c in found]
     assert found == [], "\n".join(detail)
 
 
-@pytest.mark.parametrize("module", ["rope_lm.corpus", "rope_lm.cache", "rope_lm.encode"])
-def test_the_token_cache_layer_never_imports_torch(module):
+@pytest.mark.parametrize(
+    "module",
+    [
+        "rope_lm.data.corpus",
+        "rope_lm.data.token_cache",
+        "rope_lm.data.encode",
+        "rope_lm.tasks.synthetic",
+        "rope_lm.tasks.retrieval",
+    ],
+)
+def test_the_token_cache_layer_and_the_task_text_never_import_torch(module):
     """A cache build (scripts/prepare_data.py, every rank at start, its worker
     processes) stays light: nothing it can reach imports torch or Lightning,
     lazy imports included."""
     graph = import_graph()
     files = {module_name(f): f for f in modules(LIB)}
-    heavy = sorted(f"{m} imports {n}" for m in reachable(graph, module) for n in resolved_imports(files[m])
-                   if n.split(".")[0] in ("torch", "lightning", "pytorch_lightning"))
+    heavy = sorted(
+        f"{m} imports {n}"
+        for m in reachable(graph, module)
+        for n in resolved_imports(files[m])
+        if n.split(".")[0] in ("torch", "lightning", "pytorch_lightning")
+    )
     assert heavy == []

@@ -5,15 +5,14 @@ with and without a window and a per-query scale, on integer and rescaled
 
 import sys
 
-import torch.nn.attention.flex_attention  # noqa: F401 (its module is patched below)
-
+from conftest import ROOT
 import pytest
 import torch
+import torch.nn.attention.flex_attention  # noqa: F401 (its module is patched below)
 import yaml
 
-from conftest import ROOT
-from rope_lm import attention
-from rope_lm.attention import AttnPlan, attend, choose_kernel, explicit_attention, flex_path
+from rope_lm.kernels import attention
+from rope_lm.kernels.attention import AttnPlan, attend, choose_kernel, explicit_attention, flex_path
 from rope_lm.positional import SCHEMES, Dims, PosContext, PositionalScheme, build_scheme
 from rope_lm.scaling import build_scaling
 
@@ -38,7 +37,6 @@ CASES = {
     "window+q_scale": (AttnPlan(window=5, q_scale=torch.linspace(0.5, 1.5, T)), "int"),
     "rescaled": (AttnPlan(window=7), "float"),
 }
-
 
 
 def make_scheme(name: str, dims: Dims = DIMS) -> PositionalScheme:
@@ -226,7 +224,7 @@ def test_two_pass_plan_on_the_explicit_path(name):
     i, j = torch.arange(T)[:, None], torch.arange(T)[None, :]
     near = (q1 * qs) @ k1.transpose(-1, -2)
     far = (q2 * qs) @ k2.transpose(-1, -2)
-    scores = torch.where(i - j >= 5, far, near) / DIMS.head_dim ** 0.5
+    scores = torch.where(i - j >= 5, far, near) / DIMS.head_dim**0.5
     want = torch.softmax(scores.masked_fill(j > i, float("-inf")), -1) @ v
     torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-4)
     assert choose_kernel("sdpa", scheme, plan, torch.device("cpu")) == "two_pass"
@@ -261,16 +259,20 @@ def _distance_tables(c):
 # path) at the test's positions: T5 floors distances, so rescaled (fractional)
 # positions keep it on the per-block path; FIRE only while every query is
 # within its L (a long L below).
-DISTANCE_PATH = {"alibi": ("plain", "window+q_scale", "rescaled"), "t5": ("plain", "window+q_scale"),
-                 "kerple": ("plain", "window+q_scale", "rescaled"), "sandwich": ("plain", "window+q_scale", "rescaled"),
-                 "fire": ("plain", "window+q_scale", "rescaled")}
+DISTANCE_PATH = {
+    "alibi": ("plain", "window+q_scale", "rescaled"),
+    "t5": ("plain", "window+q_scale"),
+    "kerple": ("plain", "window+q_scale", "rescaled"),
+    "sandwich": ("plain", "window+q_scale", "rescaled"),
+    "fire": ("plain", "window+q_scale", "rescaled"),
+}
 
 
 @pytest.mark.parametrize("case", CASES)
 @pytest.mark.parametrize("name", [n for n in SCHEMES.names() if SCHEMES.get(n).has_bias])
 def test_distance_bias_path_matches_explicit(name, case, monkeypatch):
     """Inference on sdpa reads every block's bias out of one padded row per
-    head (rope_lm/distance_bias.py), with reversed keys; several query
+    head (rope_lm/kernels/distance_bias.py), with reversed keys; several query
     blocks, a window and a per-query scale included."""
     monkeypatch.setattr(attention.distance_bias, "QUERY_BLOCK", 4)
     monkeypatch.setitem(OVERRIDES, "fire", {"mlp_width": 4, "init_L": 64.0})
@@ -346,8 +348,9 @@ def test_fire_past_its_L_writes_bias_and_mask_in_one_pass(window, monkeypatch):
 
         torch.manual_seed(5)
         q, k, v = (torch.randn(2, 4, n, 8) * 2 for _ in range(3))
-        ref = explicit_attention(q, k, v, scheme, LAYER, pos, plan,
-                                 PosContext(seq_len=n, train_len=64, scaling=build_scaling(None)))
+        ref = explicit_attention(
+            q, k, v, scheme, LAYER, pos, plan, PosContext(seq_len=n, train_len=64, scaling=build_scaling(None))
+        )
         c = PosContext(seq_len=n, train_len=64, scaling=build_scaling(None))
         got = attend(q, k, v, scheme, LAYER, pos, plan, c, "sdpa")
         assert "fire_mask_buffer" in c.cache  # the one-pass mask served the blocks
@@ -364,7 +367,7 @@ def test_fire_past_its_L_writes_bias_and_mask_in_one_pass(window, monkeypatch):
 def test_distance_bias_is_built_once_per_forward_and_shared_where_parameters_are():
     """One table per forward for schemes shared across layers (ALiBi, T5,
     Sandwich), one per layer where every layer has its own (Kerple)."""
-    from rope_lm.model import ModelConfig, TransformerLM
+    from rope_lm.model.transformer import ModelConfig, TransformerLM
 
     for name, per_layer in (("alibi", False), ("t5", False), ("sandwich", False), ("kerple", True)):
         cfg = ModelConfig(vocab_size=50, train_len=8, n_layer=3, n_head=2, d_model=16, attention="sdpa")
@@ -386,8 +389,9 @@ def test_distance_bias_is_built_once_per_forward_and_shared_where_parameters_are
 @pytest.mark.parametrize("kv_heads", [1, 2])
 @pytest.mark.parametrize("case", CASES)
 @pytest.mark.parametrize("name", SCHEMES.names())
-def test_grouped_key_value_heads_match_repeated_heads_on_every_path(name, case, kv_heads, flex_backward_on_cpu,
-                                                                   monkeypatch):
+def test_grouped_key_value_heads_match_repeated_heads_on_every_path(
+    name, case, kv_heads, flex_backward_on_cpu, monkeypatch
+):
     """k, v with fewer heads (GQA; 1 = MQA) give, on every kernel, exactly
     what full-head k, v give when each key/value head is copied to its group
     of query heads (h // group), gradients summed back over the group."""
@@ -410,5 +414,8 @@ def test_grouped_key_value_heads_match_repeated_heads_on_every_path(name, case, 
         for kernel in kernels:
             out = run(kernel, scheme, q, k, v, pos, plan)
             grads = torch.autograd.grad((out * weights).sum(), [q, k, v])
-            assert_same(f"{name}/{kernel}/{case}/kv{kv_heads}/blocked={blocked}", (out.detach(), grads),
-                        (ref.detach(), ref_grads))
+            assert_same(
+                f"{name}/{kernel}/{case}/kv{kv_heads}/blocked={blocked}",
+                (out.detach(), grads),
+                (ref.detach(), ref_grads),
+            )

@@ -16,10 +16,27 @@ def test_bench_toy_run_writes_json(tmp_path):
     model = tmp_path / "toy.yaml"
     model.write_text(yaml.safe_dump({"name": "toy", "n_layer": 1, "n_head": 2, "d_model": 48, "mlp_ratio": 4.0}))
     out = tmp_path / "bench.json"
-    done = forked.run([sys.executable, os.path.join(ROOT, "benchmarks", "bench.py"), f"models=[{model}]",
-                       "schemes=[rope]", "vocab_size=300", "seq_len=16", "batch_size=2", "warmup=1", "steps=1",
-                       "repeats=1", "eval_lengths=[32]", "threads=1", "peers=[hf,plain,lightning]", f"out={out}"],
-                      cwd=tmp_path, capture_output=True, text=True)
+    done = forked.run(
+        [
+            sys.executable,
+            os.path.join(ROOT, "benchmarks", "bench.py"),
+            f"models=[{model}]",
+            "schemes=[rope]",
+            "vocab_size=300",
+            "seq_len=16",
+            "batch_size=2",
+            "warmup=1",
+            "steps=1",
+            "repeats=1",
+            "eval_lengths=[32]",
+            "threads=1",
+            "peers=[hf,plain,lightning]",
+            f"out={out}",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     assert not (tmp_path / "outputs").exists()  # the app writes only its out= file
     saved = json.loads(out.read_text())
@@ -42,8 +59,12 @@ def test_bench_help_and_bad_setting(tmp_path):
     script = os.path.join(ROOT, "benchmarks", "bench.py")
     done = forked.run([sys.executable, script, "--help"], capture_output=True, text=True)
     assert done.returncode == 0 and "python benchmarks/bench.py" in done.stdout and "eval_lengths" in done.stdout
-    done = forked.run([sys.executable, script, "peers=[hf,nosuch]", "repeats=0", "eval_lengths=[]"],
-                      cwd=tmp_path, capture_output=True, text=True)
+    done = forked.run(
+        [sys.executable, script, "peers=[hf,nosuch]", "repeats=0", "eval_lengths=[]"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode == 2, done.stderr
     assert "configuration error: Unknown bench peer(s) nosuch" in done.stderr
     assert len(done.stderr.strip().split("\n\n")) == 1 and "Traceback" not in done.stderr + done.stdout
@@ -52,9 +73,22 @@ def test_bench_help_and_bad_setting(tmp_path):
 def test_decoding_benchmark_compares_the_same_tokens(tmp_path):
     """benchmarks/decoding.py at a toy size: the cached cell gives the tokens of re-reading, and transformers'
     cached decoding of the exported weights gives the same greedy tokens (a wrong cache argument would not)."""
-    done = forked.run([sys.executable, os.path.join(ROOT, "benchmarks", "decoding.py"), "models=[llama_tiny]",
-                       "contexts=[48]", "new_tokens=4", "train_len=32", "vocab=300", "threads=1"],
-                      cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    done = forked.run(
+        [
+            sys.executable,
+            os.path.join(ROOT, "benchmarks", "decoding.py"),
+            "models=[llama_tiny]",
+            "contexts=[48]",
+            "new_tokens=4",
+            "train_len=32",
+            "vocab=300",
+            "threads=1",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     rows = [line for line in done.stdout.splitlines() if line.startswith("| llama_tiny | 48 |")]
     assert len(rows) == 2, done.stdout
@@ -68,6 +102,9 @@ def test_flops_per_token_counts_the_keys_each_layer_reads():
     shape = {"n_layer": 4, "d_model": 8, "tie_embeddings": False}
     counts = {"params_non_embedding": 1000}
     assert flops_per_token(counts, shape, 50, 1024, False) == 2 * 1000 + 4 * (4 * 1024) * 8
-    windowed = {**shape, "layout": {"pattern": [{"window": 64}, {"window": 64}, {"window": 64}, {"pos": {"name": "nope"}}]}}
+    windowed = {
+        **shape,
+        "layout": {"pattern": [{"window": 64}, {"window": 64}, {"window": 64}, {"pos": {"name": "nope"}}]},
+    }
     assert flops_per_token(counts, windowed, 50, 1024, True) == 6 * 1000 + 12 * (3 * 64 + 1024) * 8
     assert flops_per_token(counts, windowed, 50, 32, False) == 2 * 1000 + 4 * (4 * 32) * 8  # a window past T reads T

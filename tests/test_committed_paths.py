@@ -7,7 +7,7 @@ import glob
 import os
 import re
 
-from rope_lm.task_compare import compare_tasks
+from rope_lm.compare.task_compare import compare_tasks
 from tests.conftest import ROOT
 from tests.test_published import task_run
 
@@ -22,7 +22,11 @@ def test_task_comparison_names_run_folders_relative_to_the_working_directory(tmp
 
 def test_committed_results_hold_no_absolute_paths():
     absolute = re.compile(r"(^|[,;\s\"'(`])/(work|tmp|home|root|Users)/")
-    found = [f"{os.path.relpath(p, ROOT)}:{i}" for p in glob.glob(os.path.join(ROOT, "docs", "results", "**", "*"),
-                                                                  recursive=True)
-             if p.endswith((".csv", ".json", ".md", ".yaml")) for i, line in enumerate(open(p), 1) if absolute.search(line)]
+    found = [
+        f"{os.path.relpath(p, ROOT)}:{i}"
+        for p in glob.glob(os.path.join(ROOT, "docs", "results", "**", "*"), recursive=True)
+        if p.endswith((".csv", ".json", ".md", ".yaml"))
+        for i, line in enumerate(open(p), 1)
+        if absolute.search(line)
+    ]
     assert not found, f"absolute paths in committed results: {found[:5]}"

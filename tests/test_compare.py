@@ -1,4 +1,4 @@
-"""scripts/compare.py and rope_lm.compare on synthetic results files; wandb
+"""scripts/compare.py and rope_lm.compare.ppl on synthetic results files; wandb
 grouping/tags and the offline summary run."""
 
 import csv
@@ -9,22 +9,40 @@ import sys
 
 import pytest
 
-from rope_lm.compare import compare, find_results, log_to_wandb, tokenizer_id
-from rope_lm.errors import ConfigError
-from rope_lm.loggers import run_tags, sweep_group
-from rope_lm.results_page import render
+from rope_lm.compare.ppl import compare, find_results, log_to_wandb, tokenizer_id
+from rope_lm.compare.results_page import render
+from rope_lm.core.errors import ConfigError
+from rope_lm.train.loggers import run_tags, sweep_group
 from tests import forked
 from tests.conftest import ROOT
 
 
 def per_position(L, base_loss):
     width = max(1, L // 4)
-    return {"width": width, "start": list(range(0, L, width)), "loss": [base_loss + 0.1 * i for i in range(len(range(0, L, width)))]}
+    return {
+        "width": width,
+        "start": list(range(0, L, width)),
+        "loss": [base_loss + 0.1 * i for i in range(len(range(0, L, width)))],
+    }
 
 
-def write_run(directory, scheme="rope", methods=None, train_len=64, fingerprint="abc123", vocab=4096,
-              lengths=None, split="test", tokens=1024, status="complete", group=None, seed=None, ci=None,
-              protocol=None, config=None):
+def write_run(
+    directory,
+    scheme="rope",
+    methods=None,
+    train_len=64,
+    fingerprint="abc123",
+    vocab=4096,
+    lengths=None,
+    split="test",
+    tokens=1024,
+    status="complete",
+    group=None,
+    seed=None,
+    ci=None,
+    protocol=None,
+    config=None,
+):
     """A results.json as pipeline.evaluate_and_report writes it; methods maps
     a label to a function length -> ppl."""
     methods = methods if methods is not None else {"none": lambda L: 10.0 * L / train_len}
@@ -35,19 +53,39 @@ def write_run(directory, scheme="rope", methods=None, train_len=64, fingerprint=
             ppl = f(L)
             if ppl is None:
                 continue
-            rows.append({"method": m, "length": L, "ratio": L / train_len, "tokens": tokens, "windows": tokens // L,
-                         "loss": math.log(ppl), "ppl": ppl, "loss_within": math.log(ppl), "ppl_within": ppl,
-                         "loss_beyond": math.log(ppl) if L > train_len else None,
-                         "ppl_beyond": ppl * 1.5 if L > train_len else None,
-                         "per_position": per_position(L, math.log(ppl))})
+            rows.append(
+                {
+                    "method": m,
+                    "length": L,
+                    "ratio": L / train_len,
+                    "tokens": tokens,
+                    "windows": tokens // L,
+                    "loss": math.log(ppl),
+                    "ppl": ppl,
+                    "loss_within": math.log(ppl),
+                    "ppl_within": ppl,
+                    "loss_beyond": math.log(ppl) if L > train_len else None,
+                    "ppl_beyond": ppl * 1.5 if L > train_len else None,
+                    "per_position": per_position(L, math.log(ppl)),
+                }
+            )
             if ci:  # half-width of a 95% interval around the ppl
                 rows[-1].update(ppl_lo=ppl - ci(L), ppl_hi=ppl + ci(L))
-    results = {"scheme": scheme, "train_len": train_len, "status": status,
-               "corpus": {"source": "stdlib", "fingerprint": fingerprint},
-               "config": {"data": {"vocab_size": vocab, "tokenizer_train_chars": 4_000_000},
-                          "logger": {"name": "wandb", "group": group, "project": "rope-lm-test"},
-                          **({"seed": seed} if seed is not None else {}), **(config or {})},
-               "eval": {"split": split, "lengths": lengths, **({"protocol": protocol} if protocol else {})}, "methods": {m: {} for m in methods}, "results": rows}
+    results = {
+        "scheme": scheme,
+        "train_len": train_len,
+        "status": status,
+        "corpus": {"source": "stdlib", "fingerprint": fingerprint},
+        "config": {
+            "data": {"vocab_size": vocab, "tokenizer_train_chars": 4_000_000},
+            "logger": {"name": "wandb", "group": group, "project": "rope-lm-test"},
+            **({"seed": seed} if seed is not None else {}),
+            **(config or {}),
+        },
+        "eval": {"split": split, "lengths": lengths, **({"protocol": protocol} if protocol else {})},
+        "methods": {m: {} for m in methods},
+        "results": rows,
+    }
     os.makedirs(directory, exist_ok=True)
     with open(os.path.join(directory, "results.json"), "w") as f:
         json.dump(results, f)
@@ -83,7 +121,9 @@ def test_sweep_dir_table_csv_and_plots(tmp_path):
 
 def test_methods_of_one_run_are_series_and_reference_falls_back(tmp_path):
     # yarn was not evaluated at L_train: its relative PPL uses the run's direct (none) series
-    run = write_run(tmp_path / "eval", "rope", {"none": lambda L: 10.0 * L / 64, "yarn": lambda L: None if L == 64 else 11.0})
+    run = write_run(
+        tmp_path / "eval", "rope", {"none": lambda L: 10.0 * L / 64, "yarn": lambda L: None if L == 64 else 11.0}
+    )
     summary = compare([run], str(tmp_path / "out"))
     rows = {(r["label"], int(r["length"])): r for r in summary["rows"]}
     assert set(label for label, _ in rows) == {"rope", "rope + yarn"}
@@ -97,12 +137,15 @@ def test_duplicate_labels_get_their_run_directory(tmp_path):
     assert labels == {"rope (seed1)", "rope (seed2)"}
 
 
-@pytest.mark.parametrize("change, words", [
-    ({"fingerprint": "other"}, "corpus"),
-    ({"split": "valid"}, "corpus"),
-    ({"vocab": 8192}, "tokenizer"),
-    ({"train_len": 128}, "training length"),
-])
+@pytest.mark.parametrize(
+    "change, words",
+    [
+        ({"fingerprint": "other"}, "corpus"),
+        ({"split": "valid"}, "corpus"),
+        ({"vocab": 8192}, "tokenizer"),
+        ({"train_len": 128}, "training length"),
+    ],
+)
 def test_mixed_runs_are_refused(tmp_path, change, words):
     write_run(tmp_path / "s" / "a", "rope")
     write_run(tmp_path / "s" / "b", "alibi", **change)
@@ -161,8 +204,13 @@ def test_interrupted_runs_are_listed_as_skipped(tmp_path):
 def test_script_refuses_mixed_runs_in_one_paragraph(tmp_path):
     write_run(tmp_path / "s" / "a", "rope")
     write_run(tmp_path / "s" / "b", "rope", train_len=128)
-    proc = forked.run([sys.executable, os.path.join(ROOT, "scripts", "compare.py"), f"path={tmp_path / 's'}"],
-                      cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    proc = forked.run(
+        [sys.executable, os.path.join(ROOT, "scripts", "compare.py"), f"path={tmp_path / 's'}"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2
     assert "configuration error" in proc.stderr and "group=true" in proc.stderr and "Traceback" not in proc.stderr
     assert len(proc.stderr.strip().split("\n\n")) == 1  # one paragraph
@@ -174,8 +222,13 @@ def test_script_help_and_two_paths(tmp_path):
     assert done.returncode == 0 and "paths=[" in done.stdout and "group: false" in done.stdout
     write_run(tmp_path / "a", "rope")
     write_run(tmp_path / "b", "alibi")
-    done = forked.run([sys.executable, script, f"paths=[{tmp_path / 'a'},{tmp_path / 'b'}]", f"out={tmp_path / 'o'}"],
-                      cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    done = forked.run(
+        [sys.executable, script, f"paths=[{tmp_path / 'a'},{tmp_path / 'b'}]", f"out={tmp_path / 'o'}"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "o" / "compare.csv").exists() and sorted(os.listdir(tmp_path)) == ["a", "b", "o"]
 
@@ -206,15 +259,19 @@ def test_wandb_offline_summary_run(tmp_path, monkeypatch):
 
 
 def test_wandb_logger_group_and_tags_offline(tmp_path, monkeypatch):
-    from rope_lm.loggers import build_logger, finish
+    from rope_lm.train.loggers import build_logger, finish
 
     monkeypatch.setenv("WANDB_MODE", "offline")
     sweep = tmp_path / "multirun" / "study"
     (sweep / "0_alibi").mkdir(parents=True)
     (sweep / "multirun.yaml").write_text("{}\n")
     config = {"pos": {"name": "alibi"}, "scaling": {"name": "none"}, "data": {"name": "stdlib", "seq_len": 64}}
-    logger = build_logger({"name": "wandb", "mode": "auto", "project": "rope-lm-test", "group": None, "tags": []},
-                          str(sweep / "0_alibi"), "0_alibi", config=config)
+    logger = build_logger(
+        {"name": "wandb", "mode": "auto", "project": "rope-lm-test", "group": None, "tags": []},
+        str(sweep / "0_alibi"),
+        "0_alibi",
+        config=config,
+    )
     try:
         run = logger.experiment
         assert run.group == sweep_group(str(sweep / "0_alibi")) and run.group.endswith("study")
@@ -226,7 +283,7 @@ def test_wandb_logger_group_and_tags_offline(tmp_path, monkeypatch):
 def test_run_logs_extrapolation_tables_and_summary_offline(tmp_path, monkeypatch):
     import wandb
 
-    from rope_lm.report import log_to_wandb as log_run
+    from rope_lm.eval.report import log_to_wandb as log_run
 
     monkeypatch.setenv("WANDB_MODE", "offline")
     # yarn stopped after one length: its chart series is shorter, not padded with None
@@ -242,7 +299,8 @@ def test_run_logs_extrapolation_tables_and_summary_offline(tmp_path, monkeypatch
 
 
 def compose(overrides):
-    from hydra import compose as hydra_compose, initialize_config_dir
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
     from omegaconf import OmegaConf
 
     with initialize_config_dir(config_dir=os.path.join(ROOT, "conf"), version_base="1.3"):
@@ -254,8 +312,8 @@ def compose(overrides):
 
 
 def test_pe_extrapolation_preset_sweeps_every_scheme_and_fits_learned():
-    from rope_lm.evaluation import EvalConfig
-    from rope_lm.model import build_model
+    from rope_lm.eval.evaluation import EvalConfig
+    from rope_lm.model.transformer import build_model
 
     cfg, sweep = compose(["+experiment=pe_extrapolation"])
     schemes = sweep["experiment/pe_scheme@_global_"].split(",")
@@ -279,7 +337,7 @@ def test_rope_scaling_and_finetune_presets():
 
 
 def test_per_position_log_bins_keep_the_token_mean_and_widen_with_position():
-    from rope_lm.report import log_binned
+    from rope_lm.eval.report import log_binned
 
     L, width = 62, 4  # the last bucket holds positions 60-61 only
     starts = list(range(0, L, width))
@@ -300,6 +358,7 @@ def test_per_position_log_bins_keep_the_token_mean_and_widen_with_position():
 
 
 # --- seeds and noise ------------------------------------------------------------------------------
+
 
 def test_runs_differing_only_in_seed_aggregate_to_mean_and_sd(tmp_path):
     sweep = tmp_path / "seeds"
@@ -331,7 +390,8 @@ def test_runs_differing_only_in_seed_aggregate_to_mean_and_sd(tmp_path):
     # in every block).
     assert render(f"{tmp_path / 'o' / 'compare_seeds.csv'} seeds group={rows[64]['group']}") == (
         "| scheme (seeds) | 64 (1×) | 2× | 4× | relative at 2× | 4× |\n|---|---|---|---|---|---|\n"
-        "| rope (3 seeds) | 11.00 ± 1.00 | 21.00 ± 1.00 | 83.00 ± 3.00 | 1.92 ± 0.14 | 7.58 ± 0.58 |")
+        "| rope (3 seeds) | 11.00 ± 1.00 | 21.00 ± 1.00 | 83.00 ± 3.00 | 1.92 ± 0.14 | 7.58 ± 0.58 |"
+    )
 
 
 def test_a_seed_aggregate_needs_the_same_settings(tmp_path):
@@ -340,22 +400,38 @@ def test_a_seed_aggregate_needs_the_same_settings(tmp_path):
     write_run(tmp_path / "s" / "c", "rope", {"yarn": lambda L: 9.0}, seed=1)  # another method
     # run on another machine, validated and checkpointed more often, by a version of the code that has an
     # option more (unset: None): the same experiment
-    write_run(tmp_path / "s" / "d", "rope", seed=2, config={"trainer": {"max_steps": 60, "val_every_n_steps": 7,
-                                                                         "ckpt_every_n_steps": 7},
-                                                             "optim": {"lr": 0.002, "fused": None}})
-    write_run(tmp_path / "s" / "e", "rope", seed=3, config={"trainer": {"max_steps": 60, "val_every_n_steps": 9},
-                                                             "optim": {"lr": 0.002},
-                                                             "data": {"vocab_size": 4096, "tokenizer_train_chars": 4_000_000,
-                                                                      "cache_dir": "/elsewhere/cache"}})
+    write_run(
+        tmp_path / "s" / "d",
+        "rope",
+        seed=2,
+        config={
+            "trainer": {"max_steps": 60, "val_every_n_steps": 7, "ckpt_every_n_steps": 7},
+            "optim": {"lr": 0.002, "fused": None},
+        },
+    )
+    write_run(
+        tmp_path / "s" / "e",
+        "rope",
+        seed=3,
+        config={
+            "trainer": {"max_steps": 60, "val_every_n_steps": 9},
+            "optim": {"lr": 0.002},
+            "data": {"vocab_size": 4096, "tokenizer_train_chars": 4_000_000, "cache_dir": "/elsewhere/cache"},
+        },
+    )
     write_run(tmp_path / "s" / "f", "rope", seed=2, config={"trainer": {"max_steps": 90}})  # a longer training
     write_run(tmp_path / "s" / "g", "rope", seed=3, config={"trainer": {"max_steps": 90}})
     summary = compare([str(tmp_path / "s")], str(tmp_path / "o"))
     (g,) = summary["groups"]
-    assert sorted([s.run_dir[-1] for s in a.members] for a in g.seed_aggregates()) == [["a", "b"], ["d", "e"], ["f", "g"]]
+    assert sorted([s.run_dir[-1] for s in a.members] for a in g.seed_aggregates()) == [
+        ["a", "b"],
+        ["d", "e"],
+        ["f", "g"],
+    ]
 
 
 def test_within_noise_rule_overlapping_intervals():
-    from rope_lm.compare import within_noise
+    from rope_lm.compare.ppl import within_noise
 
     assert within_noise((10.0, 12.0), (11.5, 13.0)) and within_noise((11.5, 13.0), (10.0, 12.0))
     assert not within_noise((10.0, 12.0), (12.1, 13.0))
@@ -368,7 +444,9 @@ def test_rows_within_noise_of_the_best_are_flagged(tmp_path):
     write_run(sweep / "alibi", "alibi", {"none": lambda L: {64: 10.8, 128: 12.0, 256: 13.0}[L]}, ci=lambda L: 0.5)
     write_run(sweep / "t5", "t5", {"none": lambda L: {64: 12.0, 128: 12.7, 256: 30.0}[L]}, ci=lambda L: 0.3)
     summary = compare([str(sweep)], str(tmp_path / "o"))
-    flags = {(r["label"], int(r["length"])): r["within_noise_of_best"] for r in read_csv(tmp_path / "o" / "compare.csv")}
+    flags = {
+        (r["label"], int(r["length"])): r["within_noise_of_best"] for r in read_csv(tmp_path / "o" / "compare.csv")
+    }
     # 64: rope [9.5, 10.5] is best, alibi [10.3, 11.3] overlaps it, t5 [11.7, 12.3] does not
     assert flags[("rope", 64)] == "True" and flags[("alibi", 64)] == "True" and flags[("t5", 64)] == "False"
     # 128: alibi [11.5, 12.5] is best; t5 [12.4, 13.0] overlaps, rope does not
@@ -388,14 +466,38 @@ def test_different_protocols_are_not_mixed(tmp_path):
 
 
 def test_results_markdown_shows_intervals_protocol_and_documents():
-    from rope_lm.report import markdown_table
+    from rope_lm.eval.report import markdown_table
 
-    rows = [{"method": "none", "protocol": "documents", "length": L, "ratio": L / 64, "tokens": 3 * L, "windows": 3,
-             "documents": 3, "documents_shared": True, "unit": "document", "units": 3, "ppl": p, "ppl_lo": p - 0.4,
-             "ppl_hi": p + 0.4, "ppl_beyond": None if L == 64 else p, "ppl_rel": p / 37.5, "ppl_rel_lo": 0.99,
-             "ppl_rel_hi": 1.2, "per_position": per_position(L, 3.0)} for L, p in ((64, 37.5), (128, 40.25))]
-    results = {"scheme": "rope", "train_len": 64, "corpus": {"source": "pg19", "fingerprint": "f"},
-               "eval": {"split": "test", "protocol": "documents", "bootstrap": 1000, "seed": 0}, "results": rows}
+    rows = [
+        {
+            "method": "none",
+            "protocol": "documents",
+            "length": L,
+            "ratio": L / 64,
+            "tokens": 3 * L,
+            "windows": 3,
+            "documents": 3,
+            "documents_shared": True,
+            "unit": "document",
+            "units": 3,
+            "ppl": p,
+            "ppl_lo": p - 0.4,
+            "ppl_hi": p + 0.4,
+            "ppl_beyond": None if L == 64 else p,
+            "ppl_rel": p / 37.5,
+            "ppl_rel_lo": 0.99,
+            "ppl_rel_hi": 1.2,
+            "per_position": per_position(L, 3.0),
+        }
+        for L, p in ((64, 37.5), (128, 40.25))
+    ]
+    results = {
+        "scheme": "rope",
+        "train_len": 64,
+        "corpus": {"source": "pg19", "fingerprint": "f"},
+        "eval": {"split": "test", "protocol": "documents", "bootstrap": 1000, "seed": 0},
+        "results": rows,
+    }
     md = markdown_table(results)
     assert "| none | 37.50 [37.10, 37.90] | 40.25 [39.85, 40.65] |" in md
     assert "Protocol `documents`" in md and "same 3 documents" in md and "1000 bootstrap resamples" in md
@@ -407,7 +509,7 @@ def test_results_markdown_shows_intervals_protocol_and_documents():
 
 
 def test_run_wandb_log2_length_table_and_interval_in_summary(tmp_path):
-    from rope_lm.report import log_to_wandb as log_run
+    from rope_lm.eval.report import log_to_wandb as log_run
 
     write_run(tmp_path / "r", "rope", {"none": lambda L: 10.0 * L / 64, "yarn": lambda L: 12.0}, ci=lambda L: 1.0)
     results = json.load(open(tmp_path / "r" / "results.json"))
@@ -446,7 +548,7 @@ def test_runs_of_one_scheme_are_named_by_the_settings_they_differ_in(tmp_path):
 
 
 def test_study_presets_continue_and_their_budgets():
-    from rope_lm.config import resolve_run
+    from rope_lm.runs.config import resolve_run
 
     cfg, sweep = compose(["+experiment=pe_extrapolation"])
     assert cfg["existing"] == "continue" and cfg["trainer"]["max_steps"] == 6000
@@ -455,26 +557,44 @@ def test_study_presets_continue_and_their_budgets():
     big, big_sweep = compose(["+experiment=pe_extrapolation_125m", "data.path=unused"])
     assert big_sweep == sweep and big["model"]["name"] == "llama_125m" and big["data"]["seq_len"] == 512
     for scheme in sweep["experiment/pe_scheme@_global_"].split(","):  # every scheme fits 32 x L, no weights built
-        run = resolve_run(compose(["+experiment=pe_extrapolation_125m", f"experiment/pe_scheme@_global_={scheme}",
-                                   "data.path=unused"])[0])
+        run = resolve_run(
+            compose(
+                ["+experiment=pe_extrapolation_125m", f"experiment/pe_scheme@_global_={scheme}", "data.path=unused"]
+            )[0]
+        )
         assert max(run.lengths) == 32 * 512 and run.eval.protocol == "documents"
 
 
 def _task_run(tmp_path, folder, task, scheme, steps, hit):
-    from rope_lm.task_run import TASK_JSON
+    from rope_lm.probes.task_run import TASK_JSON
 
     acc = {"accuracy": hit, "accuracy_lo": hit, "accuracy_hi": hit, "n": 10}
-    run = {"kind": "task", "task": task, "scheme": scheme, "method": "none", "seed": 0, "train_sizes": [1, 6],
-           "test_max": 12, "inside": acc, "beyond": acc, "status": "complete",
-           "buckets": [{"label": "7-8", "sizes": [7, 8], "inside": False, "max_tokens": 9, **acc}],
-           "config": {"task": {"name": task}, "pos": {"name": scheme}, "train": {"steps": steps, "log_every": 5},
-                      "seed": 0, "threads": 1}}
+    run = {
+        "kind": "task",
+        "task": task,
+        "scheme": scheme,
+        "method": "none",
+        "seed": 0,
+        "train_sizes": [1, 6],
+        "test_max": 12,
+        "inside": acc,
+        "beyond": acc,
+        "status": "complete",
+        "buckets": [{"label": "7-8", "sizes": [7, 8], "inside": False, "max_tokens": 9, **acc}],
+        "config": {
+            "task": {"name": task},
+            "pos": {"name": scheme},
+            "train": {"steps": steps, "log_every": 5},
+            "seed": 0,
+            "threads": 1,
+        },
+    }
     os.makedirs(tmp_path / folder)
     (tmp_path / folder / TASK_JSON).write_text(json.dumps(run))
 
 
 def test_task_runs_of_one_scheme_at_two_budgets_keep_both_rows_named_by_the_budget(tmp_path):
-    from rope_lm.task_compare import compare_tasks
+    from rope_lm.compare.task_compare import compare_tasks
 
     _task_run(tmp_path, "0_copy_rope", "copy", "rope", 1000, 0.25)
     _task_run(tmp_path, "1_copy_rope", "copy", "rope", 10000, 0.75)
@@ -493,11 +613,17 @@ def test_task_runs_of_one_scheme_at_two_budgets_keep_both_rows_named_by_the_budg
 def test_each_run_is_read_against_the_window_control(tmp_path):
     """yes / tied / no per length past L: relative PPL below, within or above the window-L control's intervals."""
     runs = []
-    for scheme, method, rel, half in (("alibi", "none", {128: 0.90, 256: 0.93}, 0.01),
-                                      ("rope", "window", {128: 0.96, 256: 0.96}, 0.01),
-                                      ("rope", "none", {128: 0.97, 256: 2.0}, 0.01)):
-        d = write_run(tmp_path / f"{scheme}-{method}", scheme, {method: lambda L, r=rel: 10.0 * r.get(L, 1.0)},
-                      lengths=[64, 128, 256])
+    for scheme, method, rel, half in (
+        ("alibi", "none", {128: 0.90, 256: 0.93}, 0.01),
+        ("rope", "window", {128: 0.96, 256: 0.96}, 0.01),
+        ("rope", "none", {128: 0.97, 256: 2.0}, 0.01),
+    ):
+        d = write_run(
+            tmp_path / f"{scheme}-{method}",
+            scheme,
+            {method: lambda L, r=rel: 10.0 * r.get(L, 1.0)},
+            lengths=[64, 128, 256],
+        )
         results = json.load(open(os.path.join(d, "results.json")))
         for row in results["results"]:
             r = rel.get(row["length"], 1.0)
@@ -528,7 +654,7 @@ def test_one_command_compares_perplexity_runs_and_a_folder_of_retrieval_runs(tmp
 def test_the_retrieval_comparison_reads_each_run_against_the_window_control(tmp_path):
     """Per task and length past L: higher than the window-L control beyond both intervals is a yes, lower a
     no, overlapping tied; without a window control the section is absent."""
-    from rope_lm.retrieval_compare import compare_retrieval
+    from rope_lm.compare.retrieval_compare import compare_retrieval
     from tests.test_published import retrieval_json
 
     retrieval_json(tmp_path / "r" / "window", "window", {64: 1.0, 128: 0.5, 256: 0.3}, train_len=64)
@@ -561,18 +687,35 @@ def test_a_committed_table_stands_for_its_runs(tmp_path):
     """A compare.csv read back gives the same table and window verdicts as the runs it came from (whose
     folders may be gone); a new run beside a committed row of its name is told apart by its folder; a
     label filter picks rows, and an unknown label is refused with the labels there are."""
-    runs = [_with_rel_intervals(write_run(tmp_path / name, scheme, {method: f}, lengths=[64, 128, 256],
-                                          ci=lambda L: 0.2))
-            for name, scheme, method, f in (("a", "alibi", "none", lambda L: 10.0 - L / 256),
-                                            ("w", "rope", "window", lambda L: 10.0),
-                                            ("r", "rope", "none", lambda L: 10.0 * L / 64))]
+    runs = [
+        _with_rel_intervals(write_run(tmp_path / name, scheme, {method: f}, lengths=[64, 128, 256], ci=lambda L: 0.2))
+        for name, scheme, method, f in (
+            ("a", "alibi", "none", lambda L: 10.0 - L / 256),
+            ("w", "rope", "window", lambda L: 10.0),
+            ("r", "rope", "none", lambda L: 10.0 * L / 64),
+        )
+    ]
     first = compare(runs, str(tmp_path / "first"))
     csv_path = first["files"]["csv"]
     again = compare([csv_path], str(tmp_path / "again"))
-    cols = ["label", "scheme", "method", "length", "ppl", "ppl_lo", "ppl_hi", "ppl_rel", "ppl_rel_lo", "ppl_rel_hi",
-            "within_noise_of_best", "run_dir", "train_len"]
-    assert [[r[c] for c in cols] for r in read_csv(again["files"]["csv"])] == \
-        [[r[c] for c in cols] for r in read_csv(csv_path)]
+    cols = [
+        "label",
+        "scheme",
+        "method",
+        "length",
+        "ppl",
+        "ppl_lo",
+        "ppl_hi",
+        "ppl_rel",
+        "ppl_rel_lo",
+        "ppl_rel_hi",
+        "within_noise_of_best",
+        "run_dir",
+        "train_len",
+    ]
+    assert [[r[c] for c in cols] for r in read_csv(again["files"]["csv"])] == [
+        [r[c] for c in cols] for r in read_csv(csv_path)
+    ]
     window = lambda s: s["files"]["markdown"] and open(s["files"]["markdown"]).read().split("### Against the window")[1]
     assert window(again) == window(first) and "| rope | no (" in window(first)
 
@@ -589,10 +732,18 @@ def test_a_train_long_reference_is_an_upper_bound_row(tmp_path):
     """A run trained at 4 x L joins the L table as a reference row: its own PPL at each length, relative
     to its PPL at L, labelled with its training length, never the best row; one of another corpus is
     refused."""
-    short = [write_run(tmp_path / s, s, {"none": f}, lengths=[64, 128, 256], ci=lambda L: 0.5)
-             for s, f in (("rope", lambda L: 10.0 * L / 64), ("alibi", lambda L: 11.0))]
-    long = write_run(tmp_path / "long", "rope", {"none": lambda L: 8.0 - L / 128}, train_len=256,
-                     lengths=[64, 128, 256], ci=lambda L: 0.5)
+    short = [
+        write_run(tmp_path / s, s, {"none": f}, lengths=[64, 128, 256], ci=lambda L: 0.5)
+        for s, f in (("rope", lambda L: 10.0 * L / 64), ("alibi", lambda L: 11.0))
+    ]
+    long = write_run(
+        tmp_path / "long",
+        "rope",
+        {"none": lambda L: 8.0 - L / 128},
+        train_len=256,
+        lengths=[64, 128, 256],
+        ci=lambda L: 0.5,
+    )
     out = compare(short, str(tmp_path / "out"), references=[long])
     rows = {(r["label"], int(r["length"])): r for r in read_csv(out["files"]["csv"])}
     ref = rows[("rope (trained at 256)", 256)]
@@ -602,7 +753,9 @@ def test_a_train_long_reference_is_an_upper_bound_row(tmp_path):
     assert ref["within_noise_of_best"] == "" and rows[("alibi", 256)]["within_noise_of_best"] == "True"
     md = open(out["files"]["markdown"]).read()
     assert "Reference rows, trained at a longer length" in md and "best alibi (11.00)" in md
-    window = write_run(tmp_path / "window", "rope", {"window": lambda L: 10.0}, lengths=[64, 128, 256], ci=lambda L: 0.5)
+    window = write_run(
+        tmp_path / "window", "rope", {"window": lambda L: 10.0}, lengths=[64, 128, 256], ci=lambda L: 0.5
+    )
     md = open(compare([*short, window], str(tmp_path / "with_window"), references=[long])["files"]["markdown"]).read()
     section = md.split("### Against the window-L control")[1]
     assert "| alibi |" in section and "trained at 256" not in section  # read on absolute PPL, not against L
@@ -626,23 +779,39 @@ def test_a_checkpoint_scored_on_a_split_it_was_not_trained_on_joins_no_table(tin
     """Its BPE was trained on its own split, so the same book is cut into other tokens than those of the models
     trained on this split: the evaluation records where its tokenizer came from, and compare keeps its
     per-token PPL out of their tables (as a reference too); on its own split it joins as before."""
-    from rope_lm.eval_run import evaluate_checkpoint
+    from rope_lm.runs.eval_run import evaluate_checkpoint
     from tests.test_diagnostics import save_tiny_checkpoint
 
     ckpt = save_tiny_checkpoint(str(tmp_path / "run" / "checkpoints" / "last.ckpt"), tiny_cache, tiny_data_options)
     options = {"multipliers": [1, 2], "token_budget": 64, "batch_tokens": 64, "bootstrap": 0}
     own = evaluate_checkpoint(ckpt, [{"name": "none"}], options, {}, out_dir=str(tmp_path / "own"))
-    other = evaluate_checkpoint(ckpt, [{"name": "none"}], options, {"test_fraction": 0.4},
-                                out_dir=str(tmp_path / "other"))
+    other = evaluate_checkpoint(
+        ckpt, [{"name": "none"}], options, {"test_fraction": 0.4}, out_dir=str(tmp_path / "other")
+    )
     assert "tokenizer_trained_on" not in own["config"]
     assert other["config"]["tokenizer_trained_on"] == tiny_cache.corpus["fingerprint"] != other["corpus"]["fingerprint"]
     assert tokenizer_id(own["config"]) == "bpe320@200000"
     assert tokenizer_id(other["config"]) == f"bpe320@200000 of {tiny_cache.corpus['fingerprint']}"
-    table = write_run(tmp_path / "table", "rope", train_len=8, lengths=[8, 16], fingerprint=other["corpus"]["fingerprint"],
-                      vocab=320, config={"data": {"vocab_size": 320, "tokenizer_train_chars": 200_000}})
-    long = write_run(tmp_path / "long", "rope", train_len=16, lengths=[8, 16], fingerprint=other["corpus"]["fingerprint"],
-                     config={"data": {"vocab_size": 320, "tokenizer_train_chars": 200_000},
-                             "tokenizer_trained_on": tiny_cache.corpus["fingerprint"]})
+    table = write_run(
+        tmp_path / "table",
+        "rope",
+        train_len=8,
+        lengths=[8, 16],
+        fingerprint=other["corpus"]["fingerprint"],
+        vocab=320,
+        config={"data": {"vocab_size": 320, "tokenizer_train_chars": 200_000}},
+    )
+    long = write_run(
+        tmp_path / "long",
+        "rope",
+        train_len=16,
+        lengths=[8, 16],
+        fingerprint=other["corpus"]["fingerprint"],
+        config={
+            "data": {"vocab_size": 320, "tokenizer_train_chars": 200_000},
+            "tokenizer_trained_on": tiny_cache.corpus["fingerprint"],
+        },
+    )
     with pytest.raises(ConfigError, match="joins none of the compared tables.*trained on another split"):
         compare([table], str(tmp_path / "out"), references=[long])
     json_path = os.path.join(long, "results.json")
@@ -655,7 +824,7 @@ def test_a_checkpoint_scored_on_a_split_it_was_not_trained_on_joins_no_table(tin
 def test_retrieval_rows_are_named_like_the_perplexity_rows_of_the_same_checkpoints(tmp_path):
     """Two RoPE checkpoints differing in base: the battery's rows read `rope (pos.base=10.0)` as the
     PPL table's do (a claim reads both by that label), from the settings retrieval.py records."""
-    from rope_lm.retrieval_compare import compare_retrieval
+    from rope_lm.compare.retrieval_compare import compare_retrieval
     from tests.test_published import retrieval_json
 
     labels = set()
@@ -672,55 +841,82 @@ def test_retrieval_rows_are_named_like_the_perplexity_rows_of_the_same_checkpoin
 def test_train_long_presets_score_the_tables_they_bound():
     """train_long sits at the absolute lengths of the L = 64 tables, all inside its own training length,
     on their token budget; on PG-19 it evaluates as pe_headline does, on pe_headline's split."""
-    from rope_lm.config import resolve_run
+    from rope_lm.runs.config import resolve_run
 
     table = resolve_run(compose(["+experiment=pe_extrapolation"])[0])
     long = resolve_run(compose(["+experiment=train_long"])[0])
     assert long.lengths == table.lengths and max(long.lengths) == long.data.seq_len == 1024
-    assert long.trainer.max_steps * long.data.batch_size * 1024 == \
-        table.trainer.max_steps * table.data.batch_size * table.data.seq_len
+    assert (
+        long.trainer.max_steps * long.data.batch_size * 1024
+        == table.trainer.max_steps * table.data.batch_size * table.data.seq_len
+    )
     headline = compose(["+experiment=pe_headline"])[0]
     pg19 = compose(["+experiment=train_long_pg19"])[0]
-    assert pg19["eval"] == {**headline["eval"], "lengths": pg19["eval"]["lengths"], "multipliers": pg19["eval"]["multipliers"]}
-    assert {k: pg19["data"][k] for k in ("name", "path", "test_fraction", "valid_fraction")} == \
-        {k: headline["data"][k] for k in ("name", "path", "test_fraction", "valid_fraction")}
+    assert pg19["eval"] == {
+        **headline["eval"],
+        "lengths": pg19["eval"]["lengths"],
+        "multipliers": pg19["eval"]["multipliers"],
+    }
+    assert {k: pg19["data"][k] for k in ("name", "path", "test_fraction", "valid_fraction")} == {
+        k: headline["data"][k] for k in ("name", "path", "test_fraction", "valid_fraction")
+    }
 
 
 def test_gpu_presets_of_the_headline_and_its_train_long_row():
     """pe_headline_125m is pe_extrapolation_125m for the headline's schemes and seeds, named by scheme and seed;
     train_long_125m trains at its longest length on its token budget and scores its absolute lengths."""
-    from rope_lm.config import resolve_run
+    from rope_lm.runs.config import resolve_run
 
     big, big_sweep = compose(["+experiment=pe_extrapolation_125m", "data.path=unused"])
     head, sweep = compose(["+experiment=pe_headline_125m", "data.path=unused"])
     assert sweep == {"experiment/pe_scheme@_global_": "rope,alibi,nope,t5,sinusoidal", "seed": "0,1,2"}
-    assert {k: head[k] for k in ("model", "data", "trainer", "eval", "optim")} == \
-        {k: big[k] for k in ("model", "data", "trainer", "eval", "optim")}
-    from hydra import compose as hydra_compose, initialize_config_dir
+    assert {k: head[k] for k in ("model", "data", "trainer", "eval", "optim")} == {
+        k: big[k] for k in ("model", "data", "trainer", "eval", "optim")
+    }
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
 
     with initialize_config_dir(config_dir=os.path.join(ROOT, "conf"), version_base="1.3"):
-        cfg = hydra_compose(config_name="config", overrides=["+experiment=pe_headline_125m", "seed=2"],
-                            return_hydra_config=True)
+        cfg = hydra_compose(
+            config_name="config", overrides=["+experiment=pe_headline_125m", "seed=2"], return_hydra_config=True
+        )
         assert cfg.hydra.sweep.subdir == "rope_seed2_none_L512"
     table = resolve_run(big)
     long = resolve_run(compose(["+experiment=train_long_125m", "data.path=unused"])[0])
     assert long.pos["name"] == "rope" and long.model["name"] == "llama_125m"
     assert long.lengths == table.lengths and max(long.lengths) == long.data.seq_len == 32 * 512
-    assert long.trainer.max_steps * long.data.batch_size * long.data.seq_len == \
-        table.trainer.max_steps * table.data.batch_size * table.data.seq_len
+    assert (
+        long.trainer.max_steps * long.data.batch_size * long.data.seq_len
+        == table.trainer.max_steps * table.data.batch_size * table.data.seq_len
+    )
     assert long.eval.protocol == table.eval.protocol == "documents"
 
 
 def test_plot_styles_give_a_schemes_seeds_one_colour_and_other_schemes_others():
-    from rope_lm.compare import Series, _styles
+    from rope_lm.compare.ppl import Series, _styles
 
     def series(label, scheme, seed, method="none"):
-        return Series(run_dir=label, scheme=scheme, method=method, train_len=64, rows={}, label=label, seed=seed,
-                      setting=f"{scheme}|{method}|" if seed is not None else "")
+        return Series(
+            run_dir=label,
+            scheme=scheme,
+            method=method,
+            train_len=64,
+            rows={},
+            label=label,
+            seed=seed,
+            setting=f"{scheme}|{method}|" if seed is not None else "",
+        )
 
-    styles = _styles([series("rope (seed=0)", "rope", 0), series("rope (seed=1)", "rope", 1),
-                      series("alibi (seed=0)", "alibi", 0), series("alibi (seed=1)", "alibi", 1),
-                      series("rope + ntk", "rope", None, "ntk"), series("rope + ntk+logn", "rope", None, "ntk+logn")])
+    styles = _styles(
+        [
+            series("rope (seed=0)", "rope", 0),
+            series("rope (seed=1)", "rope", 1),
+            series("alibi (seed=0)", "alibi", 0),
+            series("alibi (seed=1)", "alibi", 1),
+            series("rope + ntk", "rope", None, "ntk"),
+            series("rope + ntk+logn", "rope", None, "ntk+logn"),
+        ]
+    )
     (r0, r1, a0, a1, n, nl) = styles
     assert r0[0] == r1[0] and a0[0] == a1[0] and r0[0] != a0[0]  # a colour per scheme
     assert r0[1] != r1[1] and a0[1] != a1[1]  # seeds apart by dash

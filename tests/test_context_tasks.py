@@ -14,11 +14,10 @@ import re
 import sys
 
 import pytest
-import torch
 
-from rope_lm import retrieval as R
-from rope_lm.corpus import SourceConfig, load_documents
-from rope_lm.errors import ConfigError
+from rope_lm.core.errors import ConfigError
+from rope_lm.data.corpus import SourceConfig, load_documents
+from rope_lm.probes import retrieval as R
 from tests import forked
 from tests.conftest import ROOT
 from tests.test_diagnostics import assert_one_paragraph, save_tiny_checkpoint
@@ -27,10 +26,12 @@ from tests.test_retrieval import Scripted, hay, tokenizer  # noqa: F401 (hay, to
 NEW = ["qa1", "qa2", "cwe", "fwe", "factqa"]
 MOVE = r"(\w+) (?:went|moved|travelled|journeyed) to the (\w+)\."
 TAKE = r"(\w+) (?:picked up|grabbed|took|got) the (\w+)\."
-FACT_QUESTIONS = [(r"Where does (\w+) live\?", r"{p} lives in (\w+)\."),
-                  (r"What is (\w+)'s job\?", r"{p} works as a (\w+)\."),
-                  (r"What is (\w+)'s favourite colour\?", r"{p}'s favourite colour is (\w+)\."),
-                  (r"What pet does (\w+) keep\?", r"{p} keeps a (\w+) as a pet\.")]
+FACT_QUESTIONS = [
+    (r"Where does (\w+) live\?", r"{p} lives in (\w+)\."),
+    (r"What is (\w+)'s job\?", r"{p} works as a (\w+)\."),
+    (r"What is (\w+)'s favourite colour\?", r"{p}'s favourite colour is (\w+)\."),
+    (r"What pet does (\w+) keep\?", r"{p} keeps a (\w+) as a pet\."),
+]
 
 
 def _top(counts: Counter, k: int) -> list[str]:
@@ -80,7 +81,8 @@ def distractors(name: str, text: str, question: str, values: list[str]) -> bool:
         who = re.search(r"Where is (\w+)\?", question).group(1)
         moves = re.findall(MOVE, text)
         return len(moves) > len([m for m in moves if m[0] == who]) and (
-            len({room for person, room in moves if person == who}) > 1 or moves[-1][0] != who)
+            len({room for person, room in moves if person == who}) > 1 or moves[-1][0] != who
+        )
     if name == "qa2":
         return len(re.findall(TAKE, text)) > 1 or len(re.findall(MOVE, text)) > 1
     if name in ("cwe", "fwe"):
@@ -100,13 +102,16 @@ def test_prompts_are_exact_deterministic_and_answerable(name, depth, hay, tokeni
             assert a == hay.build(task, name, length, depth, sample=sample)
             room = max(R.P.ANSWER_ROOM, len(a.answer_ids) + R.GREEDY_EXTRA)
             assert len(a.ids) + room == length
-            text, question = tokenizer.decode(a.ids[: a.question_start]), tokenizer.decode(a.ids[a.question_start:])
+            text, question = tokenizer.decode(a.ids[: a.question_start]), tokenizer.decode(a.ids[a.question_start :])
             assert reread(name, text, question) == a.values
             assert distractors(name, text, question, a.values)
             assert tokenizer.decode(a.answer_ids).strip() == ", ".join(a.values)
             target = tokenizer.decode(a.ids[a.target_start : a.target_start + 30])
-            assert re.match(r"\s*(\w+ (went|moved|travelled|journeyed|picked|grabbed|took|got)|Word|Code|\w+('s)? "
-                            r"(lives|works|favourite|keeps))", target), target
+            assert re.match(
+                r"\s*(\w+ (went|moved|travelled|journeyed|picked|grabbed|took|got)|Word|Code|\w+('s)? "
+                r"(lives|works|favourite|keeps))",
+                target,
+            ), target
         assert a.ids != hay.build(task, name, length, depth, sample=5).ids
 
 
@@ -123,15 +128,21 @@ def test_the_target_sits_at_its_depth_and_the_story_keeps_its_order(hay, tokeniz
 
 
 def test_training_examples_have_the_battery_format(tiny_corpus):
-    cfg = SourceConfig(source="retrieval_mix", valid_fraction=0.2, test_fraction=0.2,
-                       extra={"base": tiny_corpus, "examples": 25, "max_chars": 300, "seed": 3})
+    cfg = SourceConfig(
+        source="retrieval_mix",
+        valid_fraction=0.2,
+        test_fraction=0.2,
+        extra={"base": tiny_corpus, "examples": 25, "max_chars": 300, "seed": 3},
+    )
     docs = load_documents(cfg)
     assert load_documents(cfg) == docs  # deterministic
-    questions = {"qa1": r" Where is \w+\? \w+ is in the", "qa2": r" Where is the \w+\? The \w+ is in the",
-                 "cwe": r" Which 3 words are listed most often\? In order of first mention, they are",
-                 "fwe": r" Which 3 codes are listed most often\? From most to least often, they are",
-                 "factqa": "|".join(r" " + q + " " + f.split(r" (\w+)")[0].replace("{p}", r"\w+")
-                                    for q, f in FACT_QUESTIONS)}
+    questions = {
+        "qa1": r" Where is \w+\? \w+ is in the",
+        "qa2": r" Where is the \w+\? The \w+ is in the",
+        "cwe": r" Which 3 words are listed most often\? In order of first mention, they are",
+        "fwe": r" Which 3 codes are listed most often\? From most to least often, they are",
+        "factqa": "|".join(r" " + q + " " + f.split(r" (\w+)")[0].replace("{p}", r"\w+") for q, f in FACT_QUESTIONS),
+    }
     found = Counter()
     for doc in (d for split in ("train", "valid") for d in docs[split]):
         for name, q in questions.items():
@@ -142,20 +153,29 @@ def test_training_examples_have_the_battery_format(tiny_corpus):
                 found[name] += 1
     assert sum(found.values()) == 25 + 5 and set(found) == set(NEW)  # every example read, every task taking turns
     assert not any(re.search(r"(Word|Code): \w+\.", d) for d in docs["test"])  # the battery's haystacks stay clean
-    alone = load_documents(SourceConfig(source="retrieval_mix", valid_fraction=0.2, test_fraction=0.2,
-                                        extra={"base": "none", "examples": 10, "tasks": ["qa1", "multikey"]}))
+    alone = load_documents(
+        SourceConfig(
+            source="retrieval_mix",
+            valid_fraction=0.2,
+            test_fraction=0.2,
+            extra={"base": "none", "examples": 10, "tasks": ["qa1", "multikey"]},
+        )
+    )
     assert {s: len(d) for s, d in alone.items()} == {"train": 10, "valid": 2, "test": 2}
     assert sum("magic number" in d for d in alone["train"]) == 5
 
 
-@pytest.mark.parametrize("extra, message", [
-    ({"bogus": 1}, "data.extra.bogus"),
-    ({"tasks": ["qa1", "qa9"]}, "data.extra.tasks=['qa1', 'qa9']: qa9; valid tasks are passkey"),
-    ({"tasks": "qa1"}, "data.extra.tasks='qa1' must be a list"),
-    ({"needles": 1}, "data.extra.needles=1 must be a whole number of at least 2"),
-    ({"needles": 40, "tasks": ["cwe"]}, "data.extra.needles= must be between 2 and 27"),
-    ({"min_chars": 50, "max_chars": 10}, "data.extra.min_chars=50 is larger"),
-])
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        ({"bogus": 1}, "data.extra.bogus"),
+        ({"tasks": ["qa1", "qa9"]}, "data.extra.tasks=['qa1', 'qa9']: qa9; valid tasks are passkey"),
+        ({"tasks": "qa1"}, "data.extra.tasks='qa1' must be a list"),
+        ({"needles": 1}, "data.extra.needles=1 must be a whole number of at least 2"),
+        ({"needles": 40, "tasks": ["cwe"]}, "data.extra.needles= must be between 2 and 27"),
+        ({"min_chars": 50, "max_chars": 10}, "data.extra.min_chars=50 is larger"),
+    ],
+)
 def test_bad_mix_settings_are_one_paragraph(extra, message):
     with pytest.raises(ConfigError, match=re.escape(message)):
         load_documents(SourceConfig(source="retrieval_mix", extra=extra))
@@ -176,14 +196,17 @@ def test_greedy_judges_words_in_any_order_for_aggregation():
 LENGTHS = [128, 256, 512, 1024, 2048]
 
 
-@pytest.mark.parametrize("scores, length, at_least, label", [
-    ([0.9, 0.8, 0.6, 0.4, 0.1], 512, False, "512 (4×)"),  # falls below past 4x
-    ([0.4, 0.9, 0.9, 0.9, 0.9], None, False, "<128"),  # not above at the shortest: nothing
-    ([0.3, 0.2, 0.1, 0.0, 0.0], None, False, "<128"),  # never above
-    ([0.9, 0.9, 0.8, 0.7, 0.6], 2048, True, "≥2048 (16×)"),  # above at every length: at least the longest
-    ([0.9, 0.3, 0.8, 0.7, 0.2], 128, False, "128 (1×)"),  # a dip, then recovery: the dip ends it
-    ([0.9, 0.5, 0.9, 0.9, 0.9], 128, False, "128 (1×)"),  # exactly at the bar is not above it
-])
+@pytest.mark.parametrize(
+    "scores, length, at_least, label",
+    [
+        ([0.9, 0.8, 0.6, 0.4, 0.1], 512, False, "512 (4×)"),  # falls below past 4x
+        ([0.4, 0.9, 0.9, 0.9, 0.9], None, False, "<128"),  # not above at the shortest: nothing
+        ([0.3, 0.2, 0.1, 0.0, 0.0], None, False, "<128"),  # never above
+        ([0.9, 0.9, 0.8, 0.7, 0.6], 2048, True, "≥2048 (16×)"),  # above at every length: at least the longest
+        ([0.9, 0.3, 0.8, 0.7, 0.2], 128, False, "128 (1×)"),  # a dip, then recovery: the dip ends it
+        ([0.9, 0.5, 0.9, 0.9, 0.9], 128, False, "128 (1×)"),  # exactly at the bar is not above it
+    ],
+)
 def test_effective_length_by_hand(scores, length, at_least, label):
     e = R.effective_length(LENGTHS, scores, 0.5)
     assert (e["length"], e["at_least"]) == (length, at_least)
@@ -193,8 +216,10 @@ def test_effective_length_by_hand(scores, length, at_least, label):
 
 
 def _results(table: dict[str, list[float]]) -> dict:
-    return {name: {"lengths": LENGTHS, "by_length": [{"length": L, "accuracy": a} for L, a in zip(LENGTHS, scores)]}
-            for name, scores in table.items()}
+    return {
+        name: {"lengths": LENGTHS, "by_length": [{"length": L, "accuracy": a} for L, a in zip(LENGTHS, scores)]}
+        for name, scores in table.items()
+    }
 
 
 def test_effective_length_of_tasks_their_mean_and_a_relative_bar():
@@ -208,19 +233,25 @@ def test_effective_length_of_tasks_their_mean_and_a_relative_bar():
     assert results["qa1"]["effective"]["bar"] == pytest.approx(0.8) and results["qa1"]["effective"]["length"] == 256
     assert results["cwe"]["effective"]["bar"] == pytest.approx(0.48) and results["cwe"]["effective"]["length"] == 256
     assert results["cwe"]["effective"]["reference_length"] == 128
-    table = R.summary_table({n: dict(r, by_length=[dict(row, accuracy_lo=None) for row in r["by_length"]])
-                             for n, r in results.items()}, 128, summary)
+    table = R.summary_table(
+        {n: dict(r, by_length=[dict(row, accuracy_lo=None) for row in r["by_length"]]) for n, r in results.items()},
+        128,
+        summary,
+    )
     assert "| effective length |" in table.splitlines()[0]
     assert "| mean of tasks | 80% | 70% | 40% | 15% | 0% | 256 (2×) |" in table
 
 
-@pytest.mark.parametrize("threshold, relative, message", [
-    (1.0, False, "effective.threshold=1.0 must be an accuracy within [0, 1)"),
-    (-0.1, False, "effective.threshold=-0.1 must be an accuracy"),
-    ("high", False, "effective.threshold='high'"),
-    (0.0, True, "with effective.relative=true must be a fraction within (0, 1)"),
-    (0.5, "yes", "effective.relative='yes' must be true or false"),
-])
+@pytest.mark.parametrize(
+    "threshold, relative, message",
+    [
+        (1.0, False, "effective.threshold=1.0 must be an accuracy within [0, 1)"),
+        (-0.1, False, "effective.threshold=-0.1 must be an accuracy"),
+        ("high", False, "effective.threshold='high'"),
+        (0.0, True, "with effective.relative=true must be a fraction within (0, 1)"),
+        (0.5, "yes", "effective.relative='yes' must be true or false"),
+    ],
+)
 def test_bad_thresholds_are_refused(threshold, relative, message):
     with pytest.raises(ConfigError, match=re.escape(message)):
         R.check_threshold(threshold, relative)
@@ -244,8 +275,17 @@ def test_a_model_right_only_within_its_reach_gets_that_effective_length(hay, tok
         right = full[len(seen)] if len(seen) < len(full) else 0
         return right if len(full) <= 350 else (right + 1) % tokenizer.get_vocab_size()
 
-    res = R.evaluate(Scripted(tokenizer.get_vocab_size(), answer), tokenizer, tiny_cache.tokens("test"), tasks,
-                     [250, 350, 450], [0.0, 1.0], samples=2, seed=5, resamples=0)
+    res = R.evaluate(
+        Scripted(tokenizer.get_vocab_size(), answer),
+        tokenizer,
+        tiny_cache.tokens("test"),
+        tasks,
+        [250, 350, 450],
+        [0.0, 1.0],
+        samples=2,
+        seed=5,
+        resamples=0,
+    )
     summary = R.add_effective(res, train_len=250)
     for name in NEW:
         assert [row["accuracy"] for row in res[name]["by_length"]] == [1.0, 1.0, 0.0]
@@ -255,19 +295,35 @@ def test_a_model_right_only_within_its_reach_gets_that_effective_length(hay, tok
 
 # --- the command line ----------------------------------------------------------------
 
+
 def run(script, *args, status=0, cwd=None):
-    done = forked.run([sys.executable, os.path.join(ROOT, "scripts", script), *map(str, args)], cwd=cwd or ROOT,
-                      capture_output=True, text=True, timeout=300)
+    done = forked.run(
+        [sys.executable, os.path.join(ROOT, "scripts", script), *map(str, args)],
+        cwd=cwd or ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == status, done.stderr[-3000:]
     return done
 
 
-def test_retrieval_script_reports_effective_lengths_and_compare_tabulates_them(tiny_cache, tiny_data_options,
-                                                                               tmp_path):
-    save_tiny_checkpoint(str(tmp_path / "run" / "checkpoints" / "last.ckpt"), tiny_cache, tiny_data_options,
-                         train_len=256)
-    done = run("retrieval.py", f"ckpt={tmp_path / 'run'}", f"tasks=[{','.join(NEW)}]", "multipliers=[1,2]",
-               "depths=[0,1]", "samples=2", "needles=2", "bootstrap=0", "effective.threshold=0.25", cwd=tmp_path)
+def test_retrieval_script_reports_effective_lengths_and_compare_tabulates_them(tiny_cache, tiny_data_options, tmp_path):
+    save_tiny_checkpoint(
+        str(tmp_path / "run" / "checkpoints" / "last.ckpt"), tiny_cache, tiny_data_options, train_len=256
+    )
+    done = run(
+        "retrieval.py",
+        f"ckpt={tmp_path / 'run'}",
+        f"tasks=[{','.join(NEW)}]",
+        "multipliers=[1,2]",
+        "depths=[0,1]",
+        "samples=2",
+        "needles=2",
+        "bootstrap=0",
+        "effective.threshold=0.25",
+        cwd=tmp_path,
+    )
     out = tmp_path / "run" / "diagnostics" / "retrieval"
     result = json.load(open(out / "retrieval.json"))
     assert list(result["tasks"]) == NEW
@@ -284,8 +340,10 @@ def test_retrieval_script_reports_effective_lengths_and_compare_tabulates_them(t
     table = (tmp_path / "run" / "compare" / "compare_retrieval.md").read_text()
     row = next(line for line in table.splitlines() if line.startswith("| rope"))
     labels = [R.effective_label(result["tasks"][n]["effective"], 256) for n in NEW]
-    assert row == f"| rope | 256 | teacher | 25% | {' | '.join(labels)} | " \
-                  f"{R.effective_label(result['effective']['mean'], 256)} |"
+    assert (
+        row == f"| rope | 256 | teacher | 25% | {' | '.join(labels)} | "
+        f"{R.effective_label(result['effective']['mean'], 256)} |"
+    )
     assert "| qa1 | qa2 | cwe | fwe | factqa | mean of tasks |" in table and row in done.stdout
     assert (tmp_path / "run" / "compare" / "compare_retrieval.csv").read_text().count("\n") == 1 + len(NEW) + 1
 

@@ -17,14 +17,14 @@ import pytest
 import torch
 import torch.nn.attention.flex_attention  # noqa: F401 (patched on CPU below)
 
-from rope_lm import attention
-from rope_lm.attention import AttnPlan, attend, explicit_attention
-from rope_lm.kv_cache import KVCache
+from rope_lm.kernels import attention
+from rope_lm.kernels.attention import AttnPlan, attend, explicit_attention
+from rope_lm.model.kv_cache import KVCache
 from rope_lm.positional import SCHEMES, Dims, PosContext
 from rope_lm.scaling import build_scaling
 from tests.test_attention import LAYER
-from tests.test_attention import make_scheme as attention_scheme
 from tests.test_attention import assert_same as same
+from tests.test_attention import make_scheme as attention_scheme
 from tests.test_kv_cache import PAIRS, PIECES, model, read_in_pieces, tokens
 
 DEVICE = torch.device(os.environ.get("ROPE_LM_TEST_DEVICE", "cuda"))
@@ -156,11 +156,13 @@ def test_a_model_trains_in_bfloat16_with_fused_adamw(pos_name):
     again, and the bf16 forward stays near the float32 one."""
     if DEVICE.type != "cuda":
         pytest.skip("bfloat16 autocast and fused AdamW are the CUDA path")
-    from rope_lm.model import TransformerLM
+    from rope_lm.model.transformer import TransformerLM
     from tests.test_kv_cache import config, method_options, pos_options
 
     torch.manual_seed(0)
-    m = TransformerLM(config(n_layer=2, d_model=64, n_head=4, n_kv_head=4), pos_options(pos_name), method_options("none")).to(DEVICE)
+    m = TransformerLM(
+        config(n_layer=2, d_model=64, n_head=4, n_kv_head=4), pos_options(pos_name), method_options("none")
+    ).to(DEVICE)
     idx = tokens(129, batch=8).to(DEVICE)
     with torch.no_grad():
         ref = m(idx[:, :-1])

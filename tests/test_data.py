@@ -7,10 +7,18 @@ import os
 import numpy as np
 import pytest
 
-from rope_lm.corpus import SPLIT_BITS, SPLITS, SourceConfig, _stable_hash, load_documents, split_by_hash, stdlib_dir
-from rope_lm.config import split_data  # noqa: E402
-from rope_lm.data import StepSampler, TokenWindows, prepare
-from rope_lm.errors import ConfigError
+from rope_lm.core.errors import ConfigError
+from rope_lm.data.corpus import (
+    SPLIT_BITS,
+    SPLITS,
+    SourceConfig,
+    _stable_hash,
+    load_documents,
+    split_by_hash,
+    stdlib_dir,
+)
+from rope_lm.data.loaders import StepSampler, TokenWindows, prepare
+from rope_lm.data.split import split_data  # noqa: E402
 from tests.conftest import write_corpus
 
 
@@ -55,7 +63,8 @@ def test_hash_split_is_stable_and_never_empty():
 def test_files_named_by_split_keep_their_split_and_doc_start_splits_articles(tmp_path):
     for split in ("train", "valid", "test"):
         (tmp_path / f"{split}.txt").write_text(
-            f" = First {split} = \n text one \n = = Sub = = \n more \n = Second {split} = \n text two \n")
+            f" = First {split} = \n text one \n = = Sub = = \n more \n = Second {split} = \n text two \n"
+        )
     docs = load_documents(SourceConfig(source="files", path=str(tmp_path), doc_start=" = [^=].* = $"))
     assert [len(docs[s]) for s in ("train", "valid", "test")] == [2, 2, 2]
     assert docs["test"][0].startswith(" = First test = ") and "= = Sub = =" in docs["test"][0]
@@ -94,7 +103,7 @@ def test_cache_is_reused_and_rebuilt_when_source_or_tokenizer_change(tiny_data_o
     opts = {**tiny_data_options, "path": corpus, "cache_dir": str(tmp_path / "cache")}
     first = _prepare(opts)
     caplog.clear()
-    with caplog.at_level(logging.INFO, logger="rope_lm.data"):
+    with caplog.at_level(logging.INFO, logger="rope_lm.data.loaders"):
         second = _prepare(opts)
     assert second.dir == first.dir and "Reusing token cache" in caplog.text
     assert _prepare(opts, vocab_size=300).dir != first.dir  # tokenizer setting changed
@@ -111,7 +120,11 @@ def test_cache_contents_and_document_boundaries(tiny_cache):
         # every document ends with the end-of-text token, right before the next start
         assert all(tokens[s - 1] == tiny_cache.eos_id for s in starts[1:])
         assert tokens[-1] == tiny_cache.eos_id
-    first_doc = tiny_cache.tokens("test")[: tiny_cache.doc_starts("test")[1] - 1] if len(tiny_cache.doc_starts("test")) > 1 else tiny_cache.tokens("test")[:-1]
+    first_doc = (
+        tiny_cache.tokens("test")[: tiny_cache.doc_starts("test")[1] - 1]
+        if len(tiny_cache.doc_starts("test")) > 1
+        else tiny_cache.tokens("test")[:-1]
+    )
     assert "def " in tok.decode(list(map(int, first_doc)))  # round-trips to the source text
 
 
@@ -122,7 +135,7 @@ def test_damaged_cache_is_detected_and_rebuilt(tiny_data_options, tmp_path, capl
     good = np.array(cache.tokens("train"))
     with open(path, "r+b") as f:
         f.truncate(os.path.getsize(path) // 2)
-    with caplog.at_level(logging.WARNING, logger="rope_lm.data"):
+    with caplog.at_level(logging.WARNING, logger="rope_lm.data.loaders"):
         rebuilt = _prepare(opts)
     assert "damaged" in caplog.text and np.array_equal(np.array(rebuilt.tokens("train")), good)
     # same size, flipped bytes: caught by the checksum
@@ -130,7 +143,7 @@ def test_damaged_cache_is_detected_and_rebuilt(tiny_data_options, tmp_path, capl
         f.seek(10)
         f.write(b"\xff\xff")
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="rope_lm.data"):
+    with caplog.at_level(logging.WARNING, logger="rope_lm.data.loaders"):
         rebuilt = _prepare(opts)
     assert "checksum" in caplog.text and np.array_equal(np.array(rebuilt.tokens("train")), good)
     os.remove(os.path.join(cache.dir, "tokenizer.json"))

@@ -12,10 +12,10 @@ import textwrap
 import numpy as np
 import pytest
 
-from rope_lm.config import split_data
-from rope_lm.corpus import SourceConfig, load_documents
-from rope_lm.data import prepare
-from rope_lm.errors import ConfigError
+from rope_lm.core.errors import ConfigError
+from rope_lm.data.corpus import SourceConfig, load_documents
+from rope_lm.data.loaders import prepare
+from rope_lm.data.split import split_data
 from tests import forked
 from tests.conftest import ROOT, write_corpus
 
@@ -37,7 +37,9 @@ def _lines(n, seed=0):
     return [" ".join(words[i] for i in row) + ".\n" for row in picks]
 
 
-def test_cache_is_byte_identical_for_one_and_two_processes_and_long_documents_keep_their_ids(tiny_data_options, tmp_path):
+def test_cache_is_byte_identical_for_one_and_two_processes_and_long_documents_keep_their_ids(
+    tiny_data_options, tmp_path
+):
     corpus = write_corpus(tmp_path / "corpus")
     # One document far longer than a batch at memory_mb=16 (65k characters), so it is encoded in pieces.
     long_doc = "".join(_lines(4000))
@@ -61,8 +63,8 @@ def test_cache_is_byte_identical_for_one_and_two_processes_and_long_documents_ke
 MEMORY_PROBE = textwrap.dedent("""
     import dataclasses, json, resource, sys
     import pyarrow, tokenizers, tqdm.auto  # imported by the build; their code is not its memory
-    from rope_lm.cache import DataConfig, prepare
-    from rope_lm.corpus import SourceConfig
+    from rope_lm.data.token_cache import DataConfig, prepare
+    from rope_lm.data.corpus import SourceConfig
     def rss_mb():
         with open("/proc/self/statm") as f:
             return int(f.read().split()[1]) * resource.getpagesize() / 2**20
@@ -96,11 +98,19 @@ def test_build_memory_is_bounded_on_a_corpus_four_times_the_bound(tmp_path):
     (tmp_path / "corpus").mkdir()
     for i in range(64):
         (tmp_path / "corpus" / f"book{i:02d}.txt").write_text(f"book {i}\n" + block[: (1 << 20) - 16])
-    opts = {"name": "big", "source": "files", "path": str(tmp_path / "corpus"), "tokenizer": str(tmp_path / "tokenizer.json"),
-            "cache_dir": str(tmp_path / "cache"), "memory_mb": 16, "num_proc": 1}
+    opts = {
+        "name": "big",
+        "source": "files",
+        "path": str(tmp_path / "corpus"),
+        "tokenizer": str(tmp_path / "tokenizer.json"),
+        "cache_dir": str(tmp_path / "cache"),
+        "memory_mb": 16,
+        "num_proc": 1,
+    }
     env = {**os.environ, "PYTHONPATH": ROOT}
-    out = forked.run([sys.executable, "-c", MEMORY_PROBE, json.dumps(opts)], capture_output=True, text=True,
-                     env=env, timeout=600)
+    out = forked.run(
+        [sys.executable, "-c", MEMORY_PROBE, json.dumps(opts)], capture_output=True, text=True, env=env, timeout=600
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["tokens"] > 64
@@ -108,7 +118,7 @@ def test_build_memory_is_bounded_on_a_corpus_four_times_the_bound(tmp_path):
 
 
 def test_reuse_reads_no_text_yet_a_changed_source_is_detected(tiny_data_options, tmp_path, monkeypatch):
-    import rope_lm.cache as data_mod
+    import rope_lm.data.token_cache as data_mod
 
     corpus = write_corpus(tmp_path / "corpus")
     big = tmp_path / "corpus" / "big.txt"
@@ -147,20 +157,29 @@ def _llama_style_tokenizer(path, specials=("<unk>", "<s>", "</s>")):
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator(_lines(500), trainers.BpeTrainer(vocab_size=400, special_tokens=list(specials),
-                                                             initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                                             show_progress=False))
+    tok.train_from_iterator(
+        _lines(500),
+        trainers.BpeTrainer(
+            vocab_size=400,
+            special_tokens=list(specials),
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+            show_progress=False,
+        ),
+    )
     if "<s>" in specials:
-        tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", tok.token_to_id("<s>"))])
+        tok.post_processor = processors.TemplateProcessing(
+            single="<s> $A", special_tokens=[("<s>", tok.token_to_id("<s>"))]
+        )
     tok.save(str(path))
     return tok
 
 
-def test_a_resumed_run_given_its_checkpoints_tokenizer_reuses_the_cache_it_trained_on(tiny_data_options, tmp_path,
-                                                                                       monkeypatch):
+def test_a_resumed_run_given_its_checkpoints_tokenizer_reuses_the_cache_it_trained_on(
+    tiny_data_options, tmp_path, monkeypatch
+):
     import shutil
 
-    import rope_lm.cache as data_mod
+    import rope_lm.data.token_cache as data_mod
 
     opts = {**tiny_data_options, "path": write_corpus(tmp_path / "corpus"), "cache_dir": str(tmp_path / "cache")}
     first = _prepare(opts)
@@ -200,7 +219,9 @@ def test_a_tokenizer_without_the_end_token_is_refused_in_one_paragraph_and_leave
     assert "data.eos_token" in str(e.value) and "'<pad>'" in str(e.value) and "\n" not in str(e.value)
     with pytest.raises(ConfigError, match=r"data.eos_token='</s>' is not a token"):
         _prepare(opts, eos_token="</s>")
-    assert not cache_dir.exists() or not [n for n in os.listdir(cache_dir) if ".tmp" in n or os.path.isdir(cache_dir / n)]
+    assert not cache_dir.exists() or not [
+        n for n in os.listdir(cache_dir) if ".tmp" in n or os.path.isdir(cache_dir / n)
+    ]
     with pytest.raises(ConfigError, match="does not exist"):
         _prepare(opts, tokenizer=str(tmp_path / "missing" / "tokenizer.json"))
 
@@ -215,8 +236,15 @@ def test_a_single_file_corpus_is_split_by_position(tiny_data_options, tmp_path):
     assert docs["train"][0] + docs["valid"][0] + docs["test"][0] == text
     assert docs["valid"][0] in lines[1600:] or docs["valid"][0].startswith(tuple(lines[1500:1700]))
     assert 0.78 < len(docs["train"][0]) / len(text) < 0.82 and docs["train"][0].endswith("\n")
-    cache = _prepare({**tiny_data_options, "path": str(tmp_path / "input.txt"), "cache_dir": str(tmp_path / "cache"),
-                      "valid_fraction": 0.1, "test_fraction": 0.1})
+    cache = _prepare(
+        {
+            **tiny_data_options,
+            "path": str(tmp_path / "input.txt"),
+            "cache_dir": str(tmp_path / "cache"),
+            "valid_fraction": 0.1,
+            "test_fraction": 0.1,
+        }
+    )
     assert cache.corpus["split_by_position"] and all(cache.meta["tokens"][s] > 100 for s in ("train", "valid", "test"))
     with pytest.raises(ConfigError, match="no line break"):
         (tmp_path / "one_line").mkdir()
@@ -238,8 +266,15 @@ def test_hub_datasets_are_read_a_batch_at_a_time_and_can_stream(tiny_data_option
     docs = load_documents(SourceConfig(source="hub", hf_name=str(ds_dir), text_field="body", extra=extra))
     assert [len(docs[s]) for s in ("train", "valid", "test")] == [40, 6, 6]
     assert docs["valid"][0].startswith("validation 0 ")
-    opts = {**tiny_data_options, "source": "hub", "path": None, "hf_name": str(ds_dir), "text_field": "body",
-            "extra": extra, "cache_dir": str(tmp_path / "cache")}
+    opts = {
+        **tiny_data_options,
+        "source": "hub",
+        "path": None,
+        "hf_name": str(ds_dir),
+        "text_field": "body",
+        "extra": extra,
+        "cache_dir": str(tmp_path / "cache"),
+    }
     cache = _prepare(opts)
     assert len(cache.doc_starts("train")) == 40 and len(cache.doc_starts("test")) == 6
     with pytest.raises(ConfigError, match="text_field"):

@@ -9,8 +9,8 @@ pytest.importorskip("transformers")
 from transformers import DebertaV2Config  # noqa: E402
 from transformers.models.deberta_v2.modeling_deberta_v2 import DisentangledSelfAttention  # noqa: E402
 
-from rope_lm.attention import AttnPlan, attention_probs  # noqa: E402
-from rope_lm.errors import ConfigError  # noqa: E402
+from rope_lm.core.errors import ConfigError  # noqa: E402
+from rope_lm.kernels.attention import AttnPlan, attention_probs  # noqa: E402
 from rope_lm.positional import Dims, PosContext, build_scheme  # noqa: E402
 from rope_lm.scaling import build_scaling  # noqa: E402
 
@@ -19,12 +19,22 @@ K, MAX_REL, C, H, T = 8, 16, 32, 4, 24  # T > MAX_REL: exact, log-bucketed and c
 
 def pair(p2c, pos_att_type=("c2p", "p2c")):
     torch.manual_seed(0)
-    config = DebertaV2Config(hidden_size=C, num_attention_heads=H, relative_attention=True, position_buckets=K,
-                             max_relative_positions=MAX_REL, pos_att_type=list(pos_att_type), share_att_key=False,
-                             hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    config = DebertaV2Config(
+        hidden_size=C,
+        num_attention_heads=H,
+        relative_attention=True,
+        position_buckets=K,
+        max_relative_positions=MAX_REL,
+        pos_att_type=list(pos_att_type),
+        share_att_key=False,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
     theirs = DisentangledSelfAttention(config).eval()
-    ours = build_scheme({"name": "deberta", "position_buckets": K, "max_relative_positions": MAX_REL, "p2c": p2c},
-                        Dims(C, H, C // H, 1, 16))
+    ours = build_scheme(
+        {"name": "deberta", "position_buckets": K, "max_relative_positions": MAX_REL, "p2c": p2c},
+        Dims(C, H, C // H, 1, 16),
+    )
     with torch.no_grad():
         for p in theirs.parameters():
             p.copy_(0.3 * torch.randn_like(p))

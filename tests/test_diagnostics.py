@@ -7,13 +7,13 @@ import math
 import os
 import sys
 
+from omegaconf import OmegaConf
 import pytest
 import torch
-from omegaconf import OmegaConf
 
-from rope_lm import diagnostics as D
-from rope_lm.errors import ConfigError
-from rope_lm.model import build_model
+from rope_lm.core.errors import ConfigError
+from rope_lm.model.transformer import build_model
+from rope_lm.probes import diagnostics as D
 from tests import forked
 from tests.conftest import ROOT, TINY_MODEL
 
@@ -32,25 +32,54 @@ def save_tiny_checkpoint(path, cache, data_options, pos=None, train_len=16, mode
     tokenizer), without training: the diagnostics only need a loadable model."""
     import lightning
 
-    from rope_lm.lit import LitLM
+    from rope_lm.train.lit import LitLM
 
     torch.manual_seed(0)
-    optim = {"lr": 1e-3, "min_lr_ratio": 0.1, "warmup_steps": 1, "weight_decay": 0.1, "beta1": 0.9, "beta2": 0.95, "eps": 1e-8}
-    lit = LitLM(model=model or TINY_MODEL, pos=pos or {"name": "rope"}, scaling={"name": "none"}, optim=optim,
-                vocab_size=cache.vocab_size, train_len=train_len, max_steps=1, corpus=cache.corpus, data=data_options)
+    optim = {
+        "lr": 1e-3,
+        "min_lr_ratio": 0.1,
+        "warmup_steps": 1,
+        "weight_decay": 0.1,
+        "beta1": 0.9,
+        "beta2": 0.95,
+        "eps": 1e-8,
+    }
+    lit = LitLM(
+        model=model or TINY_MODEL,
+        pos=pos or {"name": "rope"},
+        scaling={"name": "none"},
+        optim=optim,
+        vocab_size=cache.vocab_size,
+        train_len=train_len,
+        max_steps=1,
+        corpus=cache.corpus,
+        data=data_options,
+    )
     with open(os.path.join(cache.dir, "tokenizer.json")) as f:
         tokenizer_json = f.read()
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    torch.save({"state_dict": lit.state_dict(), "hyper_parameters": dict(lit.hparams),
-                "pytorch-lightning_version": lightning.__version__, "tokenizer_json": tokenizer_json}, path)
+    torch.save(
+        {
+            "state_dict": lit.state_dict(),
+            "hyper_parameters": dict(lit.hparams),
+            "pytorch-lightning_version": lightning.__version__,
+            "tokenizer_json": tokenizer_json,
+        },
+        path,
+    )
     return path
 
 
 def run_script(name, *args, status=0, cwd=None):
     """Run scripts/<name> with key=value arguments as a user would; returns
     the finished process after checking its exit status."""
-    done = forked.run([sys.executable, os.path.join(ROOT, "scripts", name), *map(str, args)], cwd=cwd or ROOT,
-                      capture_output=True, text=True, timeout=300)
+    done = forked.run(
+        [sys.executable, os.path.join(ROOT, "scripts", name), *map(str, args)],
+        cwd=cwd or ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == status, done.stderr[-3000:]
     return done
 
@@ -63,6 +92,7 @@ def assert_one_paragraph(done, pattern):
 
 
 # --- entropy ---------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("n", [1, 2, 7, 100])
 def test_entropy_of_uniform_is_log_n(n):
@@ -96,10 +126,13 @@ def test_model_with_flat_attention_has_uniform_entropy():
 
 # --- attention probabilities reproduce the model ---------------------------------------
 
+
 def _check_reproduces(model, T=24):
     idx = torch.randint(0, model.cfg.vocab_size, (2, T))
     actual, mine = {}, {}
-    hooks = [b.attn.register_forward_hook(lambda m, a, o: actual.__setitem__(m.layer, o.detach())) for b in model.blocks]
+    hooks = [
+        b.attn.register_forward_hook(lambda m, a, o: actual.__setitem__(m.layer, o.detach())) for b in model.blocks
+    ]
 
     def collect(layer, probs, out):
         mine[layer] = (probs, out)
@@ -141,7 +174,10 @@ def test_probabilities_reproduce_attention_output_with_grouped_query_heads(schem
 
 
 # Methods that change attention itself: a second rotary pass, a window, a logit scale.
-PLANS = [("rope", m) for m in ("rerope", "leaky_rerope", "self_extend", "window", "logn", "yarn")] + [("alibi", "window"), ("t5", "logn")]
+PLANS = [("rope", m) for m in ("rerope", "leaky_rerope", "self_extend", "window", "logn", "yarn")] + [
+    ("alibi", "window"),
+    ("t5", "logn"),
+]
 
 
 @pytest.mark.parametrize("scheme, method", PLANS)
@@ -156,6 +192,7 @@ def test_probabilities_reproduce_attention_under_methods(scheme, method):
 
 # --- RoPE decay -----------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("d", [2, 8, 64, 128])
 def test_decay_bound_at_distance_zero(d):
     # S_j = j at m = 0, so the bound is (1/(d/2)) sum_{j=1}^{d/2} j = (d/2 + 1) / 2
@@ -163,7 +200,9 @@ def test_decay_bound_at_distance_zero(d):
 
 
 def test_decay_bound_by_hand():
-    assert torch.allclose(D.rope_decay_bound(D.rope_inv_freq(2, 10000.0), torch.arange(50)), torch.ones(50, dtype=torch.float64))
+    assert torch.allclose(
+        D.rope_decay_bound(D.rope_inv_freq(2, 10000.0), torch.arange(50)), torch.ones(50, dtype=torch.float64)
+    )
     theta = D.rope_inv_freq(4, 100.0)  # [1, 0.1]
     m = torch.tensor([1.0, 3.0, 10.0], dtype=torch.float64)
     expected = (1 + 2 * torch.cos(m * (theta[0] - theta[1]) / 2).abs()) / 2  # |S_1| = 1, |S_2| = 2|cos(m(θ0-θ1)/2)|
@@ -175,6 +214,7 @@ def test_decay_bound_by_hand():
 
 
 # --- position similarity ----------------------------------------------------------------
+
 
 def test_sinusoidal_table_and_similarity():
     table = D.sinusoidal_table(32, 8, 10000.0)
@@ -201,6 +241,7 @@ def test_checkpoint_position_table():
 
 # --- scripts on a checkpoint --------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def tiny_ckpt(tiny_cache, tiny_data_options, tmp_path_factory):
     run = tmp_path_factory.mktemp("run")
@@ -217,8 +258,18 @@ def test_attention_entropy_script(tiny_ckpt, tmp_path):
 
 
 def test_rope_decay_and_similarity_scripts(tiny_ckpt, tmp_path):
-    run_script("rope_decay.py", "bases=[10000]", "head_dims=[16]", "max_distance=64", f"ckpt={tiny_ckpt}",
-               "scaling=yarn", "scaling.factor=4", "length=64", f"out={tmp_path / 'decay'}", cwd=tmp_path)
+    run_script(
+        "rope_decay.py",
+        "bases=[10000]",
+        "head_dims=[16]",
+        "max_distance=64",
+        f"ckpt={tiny_ckpt}",
+        "scaling=yarn",
+        "scaling.factor=4",
+        "length=64",
+        f"out={tmp_path / 'decay'}",
+        cwd=tmp_path,
+    )
     decay = json.load(open(tmp_path / "decay" / "rope_decay.json"))
     assert decay["curves"][0]["bound_at_0"] == 4.5  # head dim 16: (d/2 + 1) / 2
     assert "yarn" in decay["curves"][1]["label"] and decay["curves"][1]["attention_factor"] > 1  # the method applied
@@ -230,9 +281,9 @@ def test_rope_decay_and_similarity_scripts(tiny_ckpt, tmp_path):
 
 
 def test_open_model_is_the_one_door(tiny_ckpt, tmp_path):
-    """rope_lm.trained: a run folder opens its last.ckpt, in eval mode, under another method on
+    """rope_lm.runs.trained: a run folder opens its last.ckpt, in eval mode, under another method on
     request; read_start gives the same checkpoint's parts without a model; a bad source names the setting."""
-    from rope_lm.trained import open_model, read_start
+    from rope_lm.runs.trained import open_model, read_start
 
     t = open_model(tiny_ckpt, "cpu", {"name": "yarn", "factor": 2.0})
     ckpt = os.path.join(tiny_ckpt, "checkpoints", "last.ckpt")
@@ -255,30 +306,47 @@ def test_default_out_dir_is_inside_the_run_and_never_reused(tiny_ckpt):
     assert first == os.path.join(tiny_ckpt, "diagnostics", "probe")
     os.makedirs(first)
     try:
-        assert D.default_out_dir(ckpt, "probe") == first + "-2"  # rope_lm.files.fresh_dir, the one numbering style
+        assert D.default_out_dir(ckpt, "probe") == first + "-2"  # rope_lm.core.files.fresh_dir, the one numbering style
     finally:
         os.rmdir(first)
 
 
-@pytest.mark.parametrize("script", ["attention_entropy.py", "passkey.py", "pos_similarity.py", "rope_decay.py",
-                                    "eval_extrapolation.py", "compare.py", "study_rope_scaling.py",
-                                    "study_finetune_extension.py"])
+@pytest.mark.parametrize(
+    "script",
+    [
+        "attention_entropy.py",
+        "passkey.py",
+        "pos_similarity.py",
+        "rope_decay.py",
+        "eval_extrapolation.py",
+        "compare.py",
+        "study_rope_scaling.py",
+        "study_finetune_extension.py",
+    ],
+)
 def test_every_script_has_help(script, tmp_path):
     done = run_script(script, "--help", cwd=tmp_path)
     assert "python scripts/" + script in done.stdout and "== Settings (defaults) ==" in done.stdout
     assert os.listdir(tmp_path) == []
 
 
-@pytest.mark.parametrize("script,args,pattern", [
-    ("attention_entropy.py", ["ckpt=run", "windows=0"], "windows= and buckets= must be positive"),
-    ("passkey.py", ["ckpt=run", "batch_size=0"], "batch_size=0 must be at least 1"),
-    ("pos_similarity.py", ["positions=1"], "positions=1 must be at least 2"),
-    ("rope_decay.py", ["max_distance=0"], "max_distance=0 must be at least 1"),
-    ("eval_extrapolation.py", ["ckpt=run", "scaling=none,nosuch"], "scaling='nosuch' is not an option of the scaling config group"),
-    ("compare.py", [], "Give the runs to compare"),
-    ("study_rope_scaling.py", ["run=/nonexistent/run"], "is not a checkpoint file"),
-    ("study_finetune_extension.py", ["factor=1"], "factor=1: the fine-tune must be longer"),
-])
+@pytest.mark.parametrize(
+    "script,args,pattern",
+    [
+        ("attention_entropy.py", ["ckpt=run", "windows=0"], "windows= and buckets= must be positive"),
+        ("passkey.py", ["ckpt=run", "batch_size=0"], "batch_size=0 must be at least 1"),
+        ("pos_similarity.py", ["positions=1"], "positions=1 must be at least 2"),
+        ("rope_decay.py", ["max_distance=0"], "max_distance=0 must be at least 1"),
+        (
+            "eval_extrapolation.py",
+            ["ckpt=run", "scaling=none,nosuch"],
+            "scaling='nosuch' is not an option of the scaling config group",
+        ),
+        ("compare.py", [], "Give the runs to compare"),
+        ("study_rope_scaling.py", ["run=/nonexistent/run"], "is not a checkpoint file"),
+        ("study_finetune_extension.py", ["factor=1"], "factor=1: the fine-tune must be longer"),
+    ],
+)
 def test_bad_setting_is_one_paragraph_with_status_2(script, args, pattern, tmp_path):
     assert_one_paragraph(run_script(script, *args, status=2, cwd=tmp_path), pattern)
     assert os.listdir(tmp_path) == []

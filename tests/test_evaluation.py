@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 import torch
 
-from rope_lm.errors import ConfigError
-from rope_lm.evaluation import EvalConfig, _sliding, _stream, evaluate_lengths, scored_tokens
-from rope_lm.model import build_model
+from rope_lm.core.errors import ConfigError
+from rope_lm.eval.evaluation import EvalConfig, _sliding, _stream, evaluate_lengths, scored_tokens
+from rope_lm.model.transformer import build_model
 from tests.conftest import TINY_MODEL
 
 
@@ -126,8 +126,8 @@ def test_lengths_past_the_split_and_non_positive_lengths_are_refused():
 
 # --- protocols: sliding (batched), documents; bootstrap intervals -------------------------------
 
-from rope_lm import bootstrap  # noqa: E402
-from rope_lm.evaluation import eval_summary, plan_documents, sliding_windows, token_losses  # noqa: E402
+from rope_lm.eval import bootstrap  # noqa: E402
+from rope_lm.eval.evaluation import eval_summary, plan_documents, sliding_windows, token_losses  # noqa: E402
 
 
 def one_window_at_a_time(model, stream, L, n, stride):
@@ -146,7 +146,9 @@ def one_window_at_a_time(model, stream, L, n, stride):
     return torch.cat(losses), positions
 
 
-@pytest.mark.parametrize("L, n, stride", [(16, 96, 1), (16, 100, 3), (12, 97, 5), (16, 64, 16), (16, 64, 40), (8, 50, 7)])
+@pytest.mark.parametrize(
+    "L, n, stride", [(16, 96, 1), (16, 100, 3), (12, 97, 5), (16, 64, 16), (16, 64, 40), (8, 50, 7)]
+)
 @pytest.mark.parametrize("batch", [1, 4, 1000])
 def test_batched_sliding_window_equals_one_window_at_a_time(model, stream, L, n, stride, batch):
     ref, positions = one_window_at_a_time(model, stream, L, n, stride)
@@ -197,8 +199,11 @@ def test_documents_protocol_scores_the_long_documents_truncated_to_L(model, doc_
         L = row["length"]
         assert row["documents"] == row["units"] == 4 and row["documents_shared"] and row["unit"] == "document"
         assert row["tokens"] == 4 * L  # every document contributes exactly L targets
-        nll = [hand_nll(model, [int(v) for v in stream[starts[d] : starts[d] + t + 1]], int(stream[starts[d] + t + 1]))
-               for d in long_enough for t in range(L)]
+        nll = [
+            hand_nll(model, [int(v) for v in stream[starts[d] : starts[d] + t + 1]], int(stream[starts[d] + t + 1]))
+            for d in long_enough
+            for t in range(L)
+        ]
         assert row["ppl"] == pytest.approx(math.exp(sum(nll) / len(nll)), rel=1e-5)
         first = [v for i, v in enumerate(nll) if i % L < row["per_position"]["width"]]
         assert row["per_position"]["loss"][0] == pytest.approx(sum(first) / len(first), rel=1e-5)
@@ -213,8 +218,14 @@ def test_documents_protocol_scores_the_long_documents_truncated_to_L(model, doc_
 
 def test_documents_protocol_with_document_tokens_tiles_each_document_like_the_stream(model, doc_split):
     stream, starts = doc_split
-    cfg = EvalConfig(lengths=[8, 12, 16], protocol="documents", document_tokens=40, token_budget=10**6,
-                     batch_tokens=64, position_buckets=4)
+    cfg = EvalConfig(
+        lengths=[8, 12, 16],
+        protocol="documents",
+        document_tokens=40,
+        token_budget=10**6,
+        batch_tokens=64,
+        position_buckets=4,
+    )
     rows = evaluate_lengths(model, stream, cfg, train_len=8, doc_starts=starts)
     # B = 40 rounds down to 32 (a multiple of 16); documents with >= 33 tokens: 1, 3, 4, 6
     for row in rows:
@@ -231,8 +242,13 @@ def test_documents_protocol_with_document_tokens_tiles_each_document_like_the_st
         # one document alone is the stream protocol on its tokens (48 targets: document 3, the first with 49)
         one = EvalConfig(lengths=[L], token_budget=48, batch_tokens=64, position_buckets=4, bootstrap=0)
         alone = evaluate_lengths(model, stream[starts[3] :], one, train_len=8)[0]
-        mine = evaluate_lengths(model, stream, dataclasses.replace(cfg, lengths=[L], document_tokens=48, max_documents=1,
-                                                                   bootstrap=0), train_len=8, doc_starts=starts)[0]
+        mine = evaluate_lengths(
+            model,
+            stream,
+            dataclasses.replace(cfg, lengths=[L], document_tokens=48, max_documents=1, bootstrap=0),
+            train_len=8,
+            doc_starts=starts,
+        )[0]
         assert mine["ppl"] == pytest.approx(alone["ppl"], rel=1e-6)
     assert rows[2]["length"] == 16 and rows[2]["ppl_rel_paired"]  # windows of 8 nest in those of 16, per document
     summary = eval_summary(cfg, len(stream), starts, 8)
@@ -251,7 +267,9 @@ def test_documents_protocol_without_a_shared_set_says_how_many_each_length_used(
     rows = evaluate_lengths(model, stream, cfg, train_len=16, doc_starts=starts)
     # No document has 81 tokens: 16 scores the 6 documents of >= 17 tokens, 35 the 3 of >= 36, 80 is skipped.
     assert [(r["length"], r["documents"], r["documents_shared"], r["tokens"]) for r in rows] == [
-        (16, 6, False, 96), (35, 3, False, 105)]
+        (16, 6, False, 96),
+        (35, 3, False, 105),
+    ]
     summary = eval_summary(cfg, len(stream), starts, 16)
     assert summary["skipped_lengths"] == [80] and summary["documents"] == {"16": 6, "35": 3}
     assert rows[1]["ppl_rel_paired"] is False  # different documents: resampled independently
@@ -298,8 +316,15 @@ def test_bootstrap_interval_is_the_percentile_of_resampled_unit_sums():
 
 def _units(kind, keys, widths, loss, ends=True):
     keys, widths, loss = (np.asarray(x) for x in (keys, widths, loss))
-    return bootstrap.Units(kind, keys, loss.astype(float), widths, np.zeros(len(keys)), np.zeros(len(keys), int),
-                           keys + widths if ends else None)
+    return bootstrap.Units(
+        kind,
+        keys,
+        loss.astype(float),
+        widths,
+        np.zeros(len(keys)),
+        np.zeros(len(keys), int),
+        keys + widths if ends else None,
+    )
 
 
 def test_relative_ppl_is_paired_where_units_nest():
@@ -329,13 +354,16 @@ def test_paired_relative_interval_removes_the_shared_difficulty():
     assert (paired["ppl_rel_hi"] - paired["ppl_rel_lo"]) * 10 < independent["ppl_rel_hi"] - independent["ppl_rel_lo"]
 
 
-@pytest.mark.parametrize("options, words", [
-    ({"protocol": "windows"}, "not an evaluation protocol"),
-    ({"protocol": "sliding"}, "needs eval.sliding_stride"),
-    ({"max_documents": 0}, "eval.max_documents=0 must be a positive integer"),
-    ({"bootstrap": -1}, "0 turns the intervals off"),
-    ({"seed": 1.5}, "eval.seed=1.5 must be an integer"),
-])
+@pytest.mark.parametrize(
+    "options, words",
+    [
+        ({"protocol": "windows"}, "not an evaluation protocol"),
+        ({"protocol": "sliding"}, "needs eval.sliding_stride"),
+        ({"max_documents": 0}, "eval.max_documents=0 must be a positive integer"),
+        ({"bootstrap": -1}, "0 turns the intervals off"),
+        ({"seed": 1.5}, "eval.seed=1.5 must be an integer"),
+    ],
+)
 def test_bad_protocol_settings_are_one_paragraph_errors(options, words):
     with pytest.raises(ConfigError, match=words) as e:
         EvalConfig(**options).validate()

@@ -8,12 +8,12 @@ import os
 import pytest
 import torch
 
-from rope_lm import lit as lit_module
-from rope_lm.config import split_data  # noqa: E402
-from rope_lm.data import cache_problem, prepare
-from rope_lm.errors import TrainingDiverged
-from rope_lm.pipeline import train_and_evaluate
-from rope_lm.report import atomic_write
+from rope_lm.core.errors import TrainingDiverged
+from rope_lm.data.loaders import cache_problem, prepare
+from rope_lm.data.split import split_data  # noqa: E402
+from rope_lm.eval.report import atomic_write
+from rope_lm.runs.pipeline import train_and_evaluate
+from rope_lm.train import lit as lit_module
 from tests import forked
 
 

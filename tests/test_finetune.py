@@ -6,9 +6,9 @@ import os
 import pytest
 import torch
 
-from rope_lm.errors import ConfigError
-from rope_lm.finetune import load_init_from
-from rope_lm.pipeline import train_and_evaluate
+from rope_lm.core.errors import ConfigError
+from rope_lm.runs.finetune import load_init_from
+from rope_lm.runs.pipeline import train_and_evaluate
 
 
 def test_finetune_continues_from_the_checkpoint_at_a_longer_length(tiny_config, tmp_path):
@@ -41,8 +41,8 @@ def test_finetune_continues_from_the_checkpoint_at_a_longer_length(tiny_config, 
 
 
 def test_a_finetuned_model_keeps_its_scale_on_shorter_sequences(tiny_config, tmp_path):
-    from rope_lm.lit import LitLM
-    from rope_lm.frequencies import default_inv_freq
+    from rope_lm.positional.frequencies import default_inv_freq
+    from rope_lm.train.lit import LitLM
 
     base_dir = str(tmp_path / "base")
     base_cfg = copy.deepcopy(tiny_config)
@@ -62,17 +62,22 @@ def test_a_finetuned_model_keeps_its_scale_on_shorter_sequences(tiny_config, tmp
     for T, s in ((16, 4.0), (64, 4.0), (128, 8.0)):  # the fine-tuned s at and below L' = 64, T / L past it
         ctx = model.context(T)
         assert model.scaling.scale(ctx) == s
-        torch.testing.assert_close(model.scaling.rope_frequencies(scheme.rot_dim, scheme.base, ctx)[0].double(), plain / s,
-                                   rtol=1e-6, atol=0)
+        torch.testing.assert_close(
+            model.scaling.rope_frequencies(scheme.rot_dim, scheme.base, ctx)[0].double(), plain / s, rtol=1e-6, atol=0
+        )
     assert [results["methods"]["pi"]["scale"], [r["length"] for r in results["results"]]] == [8.0, [16, 64, 128]]
 
 
 def test_init_from_refuses_a_different_model_before_any_work(tiny_config, tmp_path):
-    from rope_lm.config import resolve_run
+    from rope_lm.runs.config import resolve_run
 
     ckpt = tmp_path / "fake.ckpt"
-    hp = {"model": dict(tiny_config["model"]), "pos": dict(tiny_config["pos"], base=500000.0), "train_len": 16,
-          "vocab_size": 320}
+    hp = {
+        "model": dict(tiny_config["model"]),
+        "pos": dict(tiny_config["pos"], base=500000.0),
+        "train_len": 16,
+        "vocab_size": 320,
+    }
     torch.save({"hyper_parameters": hp, "state_dict": {}}, ckpt)
     cfg = copy.deepcopy(tiny_config)
     cfg["init_from"] = str(ckpt)

@@ -1,4 +1,4 @@
-"""Generation (rope_lm/generate.py): greedy decoding equals the argmax of
+"""Generation (rope_lm/infer/generate.py): greedy decoding equals the argmax of
 full forwards, seeded sampling is reproducible, top-k / top-p only ever pick
 the tokens a hand computation allows, stops end a prompt where they should,
 prompts of different lengths in one call equal each alone, bad input is one
@@ -11,11 +11,11 @@ import math
 import pytest
 import torch
 
-from rope_lm import passkey as P
-from rope_lm import retrieval as R
-from rope_lm.errors import ConfigError
-from rope_lm.generate import Sampling, allowed_probs, end_of_text_ids, generate, stop_token_ids
-from rope_lm.model import ModelConfig, TransformerLM
+from rope_lm.core.errors import ConfigError
+from rope_lm.infer.generate import Sampling, allowed_probs, end_of_text_ids, generate, stop_token_ids
+from rope_lm.model.transformer import ModelConfig, TransformerLM
+from rope_lm.probes import passkey as P
+from rope_lm.probes import retrieval as R
 from tests.test_pretrained_cli import tiny_llama  # noqa: F401  (the tiny save_pretrained model, a fixture)
 
 L = 16  # trained length; the tests decode past it
@@ -23,8 +23,12 @@ L = 16  # trained length; the tests decode past it
 
 def tiny(pos=None, scaling=None, vocab=61, seed=0, **extra):
     torch.manual_seed(seed)
-    cfg = ModelConfig(**{**dict(vocab_size=vocab, train_len=L, n_layer=2, n_head=4, n_kv_head=2, d_model=32,
-                                tie_embeddings=False), **extra})
+    cfg = ModelConfig(
+        **{
+            **dict(vocab_size=vocab, train_len=L, n_layer=2, n_head=4, n_kv_head=2, d_model=32, tie_embeddings=False),
+            **extra,
+        }
+    )
     m = TransformerLM(cfg, pos or {"name": "rope"}, scaling)
     with torch.no_grad():  # off the initial values, so that tokens differ from step to step
         for p in m.parameters():
@@ -43,7 +47,7 @@ def rerun_greedy(model, row, n):
     out = list(row)
     for _ in range(n):
         out.append(int(model(torch.tensor([out]))[0, -1].argmax()))
-    return out[len(row):]
+    return out[len(row) :]
 
 
 @torch.no_grad()
@@ -54,11 +58,18 @@ def step_logits(model, row, written):
 
 # --- greedy ------------------------------------------------------------------------
 
-@pytest.mark.parametrize("pos,scaling", [({"name": "rope"}, None), ({"name": "alibi"}, None),
-                                         ({"name": "learned", "max_positions": 64}, None),
-                                         ({"name": "t5", "num_buckets": 8, "max_distance": 12}, None),
-                                         ({"name": "rope"}, {"name": "pi", "factor": 2.0}),
-                                         ({"name": "rope"}, {"name": "rerope", "window": 6})])
+
+@pytest.mark.parametrize(
+    "pos,scaling",
+    [
+        ({"name": "rope"}, None),
+        ({"name": "alibi"}, None),
+        ({"name": "learned", "max_positions": 64}, None),
+        ({"name": "t5", "num_buckets": 8, "max_distance": 12}, None),
+        ({"name": "rope"}, {"name": "pi", "factor": 2.0}),
+        ({"name": "rope"}, {"name": "rerope", "window": 6}),
+    ],
+)
 def test_greedy_equals_argmax_of_full_forwards_past_the_training_length(pos, scaling):
     m = tiny(pos, scaling)
     rows = prompt_rows([12, 7])
@@ -77,6 +88,7 @@ def test_only_the_last_position_is_projected():
 
 
 # --- sampling ----------------------------------------------------------------------
+
 
 def test_seeded_sampling_is_reproducible_and_the_seed_matters():
     m = tiny()
@@ -128,6 +140,7 @@ def test_top_k_and_top_p_only_pick_allowed_tokens(top_k, top_p):
 
 # --- stops -------------------------------------------------------------------------
 
+
 def test_a_stop_token_ends_that_prompt_only():
     m = tiny()
     rows = prompt_rows([10, 10])
@@ -168,6 +181,7 @@ def test_stop_tokens_by_name_and_the_end_of_text_token(tokenizer):
 
 # --- batches -----------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("sampled", [False, True])
 def test_prompts_of_different_lengths_equal_each_alone(sampled):
     m = tiny(scaling={"name": "yarn"})  # yarn's factor follows the length: a padded batch would change it
@@ -179,11 +193,11 @@ def test_prompts_of_different_lengths_equal_each_alone(sampled):
         alone = generate(m, [[0]] * i + [row], 14, **settings)[i]
         assert together[i].ids == alone.ids, i
         if not sampled:
-            from rope_lm.kv_cache import KVCache
+            from rope_lm.model.kv_cache import KVCache
 
             with torch.no_grad():  # ... and alone means one full forward of the finished sequence at its plan
                 cache = KVCache(planned_len=len(row) + 14)
-                logits = m(torch.tensor([row + alone.ids[:-1]]), cache=cache)[0, len(row) - 1:]
+                logits = m(torch.tensor([row + alone.ids[:-1]]), cache=cache)[0, len(row) - 1 :]
             assert logits.argmax(-1).tolist() == alone.ids
 
 
@@ -194,6 +208,7 @@ def test_the_model_mode_is_kept():
 
 
 # --- bad input: one paragraph each, before any forward -------------------------------
+
 
 class NoForward(TransformerLM):
     def hidden(self, *a, **k):
@@ -206,25 +221,30 @@ def unreadable():
     return NoForward(cfg, {"name": "learned", "max_positions": 32})
 
 
-@pytest.mark.parametrize("kwargs,message", [
-    (dict(prompts=[[1] * 20], max_new_tokens=13), "A prompt of 20 tokens plus max_new_tokens=13 is 33 tokens, more "
-                                                   "than this model serves"),
-    (dict(prompts=[[1] * 40], max_new_tokens=1), "A prompt of 40 tokens"),
-    (dict(prompts=[[1, 2], []]), "Prompt 1 is empty"),
-    (dict(prompts=[]), "needs a list of prompts"),
-    (dict(prompts=["hello"]), "Prompt 0 is text, and no tokenizer"),
-    (dict(prompts=[[1, 99]]), "outside the model's vocabulary of 61"),
-    (dict(max_new_tokens=0), "max_new_tokens=0 must be a whole number of at least 1"),
-    (dict(stop_tokens=[61]), "stop token id(s) [61] are not tokens of the model's vocabulary"),
-    (dict(stop_strings=["."]), "Stop strings ['.'] need the model's tokenizer"),
-    (dict(temperature=-0.5), "temperature=-0.5 must be a finite number of at least 0"),
-    (dict(temperature=float("nan")), "temperature=nan must be a finite number"),
-    (dict(temperature=1.0, top_k=0), "top_k=0 must be a whole number of at least 1"),
-    (dict(temperature=1.0, top_p=0.0), "top_p=0.0 must be a probability in (0, 1]"),
-    (dict(temperature=1.0, top_p=1.5), "top_p=1.5 must be a probability in (0, 1]"),
-    (dict(seed=-1), "seed=-1 must be a whole number of at least 0"),
-    (dict(batch_size=0), "batch_size=0 must be a whole number of at least 1"),
-])
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        (
+            dict(prompts=[[1] * 20], max_new_tokens=13),
+            "A prompt of 20 tokens plus max_new_tokens=13 is 33 tokens, more than this model serves",
+        ),
+        (dict(prompts=[[1] * 40], max_new_tokens=1), "A prompt of 40 tokens"),
+        (dict(prompts=[[1, 2], []]), "Prompt 1 is empty"),
+        (dict(prompts=[]), "needs a list of prompts"),
+        (dict(prompts=["hello"]), "Prompt 0 is text, and no tokenizer"),
+        (dict(prompts=[[1, 99]]), "outside the model's vocabulary of 61"),
+        (dict(max_new_tokens=0), "max_new_tokens=0 must be a whole number of at least 1"),
+        (dict(stop_tokens=[61]), "stop token id(s) [61] are not tokens of the model's vocabulary"),
+        (dict(stop_strings=["."]), "Stop strings ['.'] need the model's tokenizer"),
+        (dict(temperature=-0.5), "temperature=-0.5 must be a finite number of at least 0"),
+        (dict(temperature=float("nan")), "temperature=nan must be a finite number"),
+        (dict(temperature=1.0, top_k=0), "top_k=0 must be a whole number of at least 1"),
+        (dict(temperature=1.0, top_p=0.0), "top_p=0.0 must be a probability in (0, 1]"),
+        (dict(temperature=1.0, top_p=1.5), "top_p=1.5 must be a probability in (0, 1]"),
+        (dict(seed=-1), "seed=-1 must be a whole number of at least 0"),
+        (dict(batch_size=0), "batch_size=0 must be a whole number of at least 1"),
+    ],
+)
 def test_bad_input_is_one_paragraph_before_any_forward(kwargs, message):
     args = {"prompts": [[1, 2, 3]], "max_new_tokens": 4, **kwargs}
     with pytest.raises(ConfigError) as e:
@@ -242,14 +262,16 @@ def test_a_stop_string_needs_text_and_an_empty_text_prompt_is_refused(tokenizer)
 
 # --- passkey, retrieval and tasks decode through generate --------------------------
 
+
 def test_passkey_gives_the_answers_of_the_old_decoding(tokenizer, monkeypatch):
     m = tiny(vocab=tokenizer.get_vocab_size(), scaling={"name": "pi", "factor": 2.0})
     ids = torch.tensor([p.ids for p in P.prompts(tokenizer, 100, 0.5, 3, seed=2)])
     new = P.greedy_decode(m, ids, P.ANSWER_ROOM)
     assert new.tolist() == [rerun_greedy(m, row, P.ANSWER_ROOM) for row in ids.tolist()]
     cached = P.evaluate_passkey(m, tokenizer, [90, 110], [0.0, 1.0], samples=2, seed=1)
-    monkeypatch.setattr(P, "greedy_decode", lambda model, ids, n: torch.tensor(
-        [rerun_greedy(model, row, n) for row in ids.tolist()]))
+    monkeypatch.setattr(
+        P, "greedy_decode", lambda model, ids, n: torch.tensor([rerun_greedy(model, row, n) for row in ids.tolist()])
+    )
     assert P.evaluate_passkey(m, tokenizer, [90, 110], [0.0, 1.0], samples=2, seed=1) == cached
 
 
@@ -259,14 +281,15 @@ def test_retrieval_greedy_gives_the_verdicts_of_the_old_decoding(tokenizer, tiny
     task = R.MultiQuery(2)
     prompts = [hay.build(task, "multiquery", 200 + 9 * (s % 2), 0.5, s) for s in range(3)]
     cached = R.greedy(m, prompts, task, tokenizer, "cpu")
-    monkeypatch.setattr(P, "greedy_decode", lambda model, ids, n: torch.tensor(
-        [rerun_greedy(model, row, n) for row in ids.tolist()]))
+    monkeypatch.setattr(
+        P, "greedy_decode", lambda model, ids, n: torch.tensor([rerun_greedy(model, row, n) for row in ids.tolist()])
+    )
     assert R.greedy(m, prompts, task, tokenizer, "cpu") == cached
 
 
 def test_task_runs_write_what_the_model_generates(monkeypatch):
-    from rope_lm import task_run as TR
-    from rope_lm.tasks import build_task
+    from rope_lm.probes import task_run as TR
+    from rope_lm.tasks.synthetic import build_task
 
     task = build_task({"name": "copy"})
     vocab = task.vocabulary()
@@ -283,8 +306,14 @@ def test_task_runs_write_what_the_model_generates(monkeypatch):
     # score() records it for the failed examples it keeps, and asks for no others.
     sizes = TR.Sizes(train_min=3, train_max=3, test_factor=5 / 3, bucket=1)
     tests = {3: instances[:2], 4: [task.instance(rng, 4)], 5: instances[2:]}
-    scored = {s: {"correct": [i == 0 and s == 3 for i in range(len(t))], "token_accuracy": [0.0] * len(t),
-                  "predictions": [["0"]] * len(t)} for s, t in tests.items()}
+    scored = {
+        s: {
+            "correct": [i == 0 and s == 3 for i in range(len(t))],
+            "token_accuracy": [0.0] * len(t),
+            "predictions": [["0"]] * len(t),
+        }
+        for s, t in tests.items()
+    }
     asked = []
 
     def write(kept):
@@ -294,11 +323,18 @@ def test_task_runs_write_what_the_model_generates(monkeypatch):
     result = TR.score(sizes, task, tests, scored, resamples=0, seed=0, n_examples=1, write=write)
     assert [len(k) for k in asked] == [1, 1, 1]
     three = result["buckets"][0]["failed_examples"]
-    assert three == [{"prompt": " ".join(instances[1][0]), "answer": " ".join(instances[1][1]),
-                      "predicted (teacher-forced argmax)": "0", "generated (greedy)": " ".join(greedy[1])}]
+    assert three == [
+        {
+            "prompt": " ".join(instances[1][0]),
+            "answer": " ".join(instances[1][1]),
+            "predicted (teacher-forced argmax)": "0",
+            "generated (greedy)": " ".join(greedy[1]),
+        }
+    ]
 
 
 # --- scripts/generate.py -----------------------------------------------------------
+
 
 def run_generate(*args, status=0, cwd=None):
     from tests.test_diagnostics import run_script
@@ -315,8 +351,9 @@ def noisy_ckpt(tiny_cache, tiny_data_options, tmp_path_factory):
     save_tiny_checkpoint(path, tiny_cache, tiny_data_options)
     saved = torch.load(path, weights_only=False)
     torch.manual_seed(1)
-    saved["state_dict"] = {k: v + 0.3 * torch.randn_like(v) if v.is_floating_point() else v
-                           for k, v in saved["state_dict"].items()}
+    saved["state_dict"] = {
+        k: v + 0.3 * torch.randn_like(v) if v.is_floating_point() else v for k, v in saved["state_dict"].items()
+    }
     torch.save(saved, path)
     return path
 
@@ -325,17 +362,33 @@ def test_generate_script_on_a_checkpoint(noisy_ckpt, tiny_corpus, tmp_path):
     import json
     import os
 
-    from rope_lm.trained import open_model
+    from rope_lm.runs.trained import open_model
 
     out = tmp_path / "g.json"
-    done = run_generate(f"ckpt={noisy_ckpt}", "prompt=[def wrap,class Queue]", "max_new_tokens=12", "scaling=yarn",
-                        "temperature=0.8", "top_k=20", "seed=4", f"out={out}")
+    done = run_generate(
+        f"ckpt={noisy_ckpt}",
+        "prompt=[def wrap,class Queue]",
+        "max_new_tokens=12",
+        "scaling=yarn",
+        "temperature=0.8",
+        "top_k=20",
+        "seed=4",
+        f"out={out}",
+    )
     result = json.load(open(out))
     assert result["source"] == noisy_ckpt and result["method"] == "yarn" and result["train_len"] == 16
     trained = open_model(noisy_ckpt, "cpu", {"name": "yarn"})
     tok = trained.tokenizer()
-    expect = generate(trained.model, ["def wrap", "class Queue"], 12, temperature=0.8, top_k=20, seed=4,
-                      tokenizer=tok, stop_tokens=end_of_text_ids(tok))
+    expect = generate(
+        trained.model,
+        ["def wrap", "class Queue"],
+        12,
+        temperature=0.8,
+        top_k=20,
+        seed=4,
+        tokenizer=tok,
+        stop_tokens=end_of_text_ids(tok),
+    )
     assert [g["ids"] for g in result["generations"]] == [g.ids for g in expect]
     for g in expect:
         assert f"⟨model⟩ {g.text}\n" in done.stdout
@@ -343,8 +396,15 @@ def test_generate_script_on_a_checkpoint(noisy_ckpt, tiny_corpus, tmp_path):
     assert "[rope_lm] " in done.stderr and "yarn" in done.stderr  # progress on stderr, as eval_extrapolation logs
     # A file's text cut to 40 tokens: a prompt past L = 16.
     text_file = os.path.join(tiny_corpus, "textwrap.txt")
-    done = run_generate(f"ckpt={noisy_ckpt}", f"file={text_file}", "prompt_tokens=40", "max_new_tokens=5",
-                        "stop_tokens=[]", "show_prompt=0", f"out={tmp_path / 'f.json'}")
+    done = run_generate(
+        f"ckpt={noisy_ckpt}",
+        f"file={text_file}",
+        "prompt_tokens=40",
+        "max_new_tokens=5",
+        "stop_tokens=[]",
+        "show_prompt=0",
+        f"out={tmp_path / 'f.json'}",
+    )
     assert f"=== file={text_file}: 40 tokens (2.5 x L=16); 5 written, stopped by max_new_tokens=5" in done.stdout
     with open(text_file) as f:
         ids = tok.encode(f.read()).ids[:40]
@@ -353,27 +413,34 @@ def test_generate_script_on_a_checkpoint(noisy_ckpt, tiny_corpus, tmp_path):
     run_generate(f"ckpt={noisy_ckpt}", "prompt=x", f"out={out}", status=2)  # never written over
 
 
-@pytest.mark.parametrize("args,message", [
-    (["ckpt=a", "hf=b", "prompt=x"], "Give one of ckpt="),
-    (["ckpt=/nowhere", "prompt=x", "file=y"], "Give one of prompt="),
-    (["ckpt=/nowhere", "prompt=x", "top_p=2"], "top_p=2 must be a probability"),
-    (["ckpt=/nowhere", "prompt=x", "max_new_tokens=0"], "max_new_tokens=0 must be"),
-])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["ckpt=a", "hf=b", "prompt=x"], "Give one of ckpt="),
+        (["ckpt=/nowhere", "prompt=x", "file=y"], "Give one of prompt="),
+        (["ckpt=/nowhere", "prompt=x", "top_p=2"], "top_p=2 must be a probability"),
+        (["ckpt=/nowhere", "prompt=x", "max_new_tokens=0"], "max_new_tokens=0 must be"),
+    ],
+)
 def test_generate_script_refuses_bad_settings_before_loading_a_model(args, message):
     from tests.test_diagnostics import assert_one_paragraph
 
     assert_one_paragraph(run_generate(*args, status=2), message)
 
 
-@pytest.mark.parametrize("args,message", [
-    (["stop_tokens=['<|nope|>']"], "stop token '<|nope|>' is not a token of the model's tokenizer"),
-    (["prompt_tokens=500"], "prompt_tokens=500: prompt 0 has only"),
-])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["stop_tokens=['<|nope|>']"], "stop token '<|nope|>' is not a token of the model's tokenizer"),
+        (["prompt_tokens=500"], "prompt_tokens=500: prompt 0 has only"),
+    ],
+)
 def test_generate_script_refuses_unknown_stops_and_short_texts(noisy_ckpt, args, message):
     from tests.test_diagnostics import assert_one_paragraph
 
-    assert_one_paragraph(run_generate(f"ckpt={noisy_ckpt}", "prompt='def wrap(text, width):'", *args, status=2),
-                         message)
+    assert_one_paragraph(
+        run_generate(f"ckpt={noisy_ckpt}", "prompt='def wrap(text, width):'", *args, status=2), message
+    )
 
 
 def test_generate_script_on_an_imported_model_matches_transformers(tiny_llama, tmp_path):
@@ -381,13 +448,19 @@ def test_generate_script_on_an_imported_model_matches_transformers(tiny_llama, t
     with the same weights, and name the model as given."""
     import json
 
-    import transformers
     from tokenizers import Tokenizer
+    import transformers
 
     directory, _ = tiny_llama
     out = tmp_path / "g.json"
-    run_generate(f"hf={directory}", "prompt=[def wrap,import os]", "max_new_tokens=10", "stop_tokens=[]",
-                 f"out={out}", cwd=tmp_path)
+    run_generate(
+        f"hf={directory}",
+        "prompt=[def wrap,import os]",
+        "max_new_tokens=10",
+        "stop_tokens=[]",
+        f"out={out}",
+        cwd=tmp_path,
+    )
     result = json.load(open(out))
     assert result["source"] == f"hf:{directory}" and result["checkpoint"] == f"hf:{directory}"
     hf = transformers.AutoModelForCausalLM.from_pretrained(directory).eval()
@@ -395,8 +468,9 @@ def test_generate_script_on_an_imported_model_matches_transformers(tiny_llama, t
     tok = Tokenizer.from_file(f"{directory}/tokenizer.json")
     for text, g in zip(["def wrap", "import os"], result["generations"]):
         ids = torch.tensor([tok.encode(text).ids])
-        want = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=10,
-                           do_sample=False)[0, ids.shape[1]:].tolist()
+        want = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=10, do_sample=False)[
+            0, ids.shape[1] :
+        ].tolist()
         assert g["ids"] == want
     done = run_generate(f"ckpt=hf:{directory}", "prompt=x", "max_new_tokens=2", cwd=tmp_path)
     assert done.stdout.startswith("=== prompt 0:")

@@ -1,4 +1,4 @@
-"""The chunked output head (rope_lm.head) equals the full computation:
+"""The chunked output head (rope_lm.model.head) equals the full computation:
 per-token losses, their mean, and gradients with respect to the hidden
 states and the (tied) output matrix; within one chunk it is the plain
 computation bit for bit; and no call builds more than a chunk of logits."""
@@ -6,9 +6,9 @@ computation bit for bit; and no call builds more than a chunk of logits."""
 import torch
 import torch.nn.functional as F
 
-from rope_lm import head
-from rope_lm.evaluation import token_losses
-from rope_lm.lit import LitLM
+from rope_lm.eval.evaluation import token_losses
+from rope_lm.model import head
+from rope_lm.train.lit import LitLM
 
 
 def full_losses(hidden, weight, targets):
@@ -42,7 +42,9 @@ def test_within_one_chunk_it_is_the_plain_computation_bit_for_bit():
     targets = torch.randint(0, 30, (2, 9))
     plain = F.cross_entropy(F.linear(hidden, weight).float().flatten(0, 1), targets.flatten())
     assert torch.equal(head.mean_cross_entropy(hidden, weight, targets, chunk=18), plain)
-    assert torch.equal(head.token_cross_entropy(hidden, weight, targets, chunk=18), full_losses(hidden, weight, targets))
+    assert torch.equal(
+        head.token_cross_entropy(hidden, weight, targets, chunk=18), full_losses(hidden, weight, targets)
+    )
 
 
 def test_no_call_holds_more_than_a_chunk_of_logits(monkeypatch):
@@ -63,8 +65,15 @@ def test_no_call_holds_more_than_a_chunk_of_logits(monkeypatch):
 
 def _lit():
     torch.manual_seed(2)
-    return LitLM(model={"n_layer": 2, "n_head": 2, "d_model": 16}, pos={"name": "alibi"}, scaling=None, optim={},
-                 vocab_size=64, train_len=16, max_steps=10)
+    return LitLM(
+        model={"n_layer": 2, "n_head": 2, "d_model": 16},
+        pos={"name": "alibi"},
+        scaling=None,
+        optim={},
+        vocab_size=64,
+        train_len=16,
+        max_steps=10,
+    )
 
 
 def test_training_loss_and_gradients_chunked_equal_full(monkeypatch):

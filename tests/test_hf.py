@@ -11,22 +11,31 @@ import pytest
 import torch
 
 pytest.importorskip("transformers")
-from transformers import (AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, MistralConfig,  # noqa: E402
-                          MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM)
+from conftest import ROOT  # noqa: E402
+from transformers import (  # noqa: E402
+    AutoModelForCausalLM,
+    LlamaConfig,
+    LlamaForCausalLM,
+    MistralConfig,
+    MistralForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+)
 from transformers.utils import logging as hf_logging  # noqa: E402
 
-from conftest import ROOT  # noqa: E402
-from rope_lm.errors import ConfigError  # noqa: E402
+from rope_lm.core.errors import ConfigError  # noqa: E402
 from rope_lm.hf import export_hf, hf_init, load_hf  # noqa: E402
-from rope_lm.model import build_model  # noqa: E402
-
+from rope_lm.model.transformer import build_model  # noqa: E402
 from tests import forked
 
 hf_logging.set_verbosity_error()
 
 VOCAB, MAX_POS = 300, 32
-FAMILIES = {"llama": (LlamaConfig, LlamaForCausalLM), "mistral": (MistralConfig, MistralForCausalLM),
-            "qwen2": (Qwen2Config, Qwen2ForCausalLM)}
+FAMILIES = {
+    "llama": (LlamaConfig, LlamaForCausalLM),
+    "mistral": (MistralConfig, MistralForCausalLM),
+    "qwen2": (Qwen2Config, Qwen2ForCausalLM),
+}
 # float32 logits of O(1) after two layers; the two implementations order
 # their sums differently, nothing more.
 ATOL = 2e-5
@@ -47,9 +56,17 @@ def randomize(model, seed=0):
 
 def save_hf(tmp_path, family="llama", seed=0, **overrides):
     Config, Model = FAMILIES[family]
-    kwargs = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=2, max_position_embeddings=MAX_POS, rms_norm_eps=1e-5,
-                  tie_word_embeddings=False)
+    kwargs = dict(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=MAX_POS,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=False,
+    )
     if family == "mistral":
         kwargs["sliding_window"] = None
     kwargs.update(overrides)
@@ -79,12 +96,15 @@ def assert_parity(ours, theirs, lengths, label):
 # ------------------------------------------------------------------ import
 
 
-@pytest.mark.parametrize("family,extra", [
-    ("llama", {}),
-    ("llama", {"tie_word_embeddings": True, "num_key_value_heads": 1, "head_dim": 24}),  # MQA, head_dim != d/H
-    ("mistral", {}),
-    ("qwen2", {}),  # q/k/v biases, none on o_proj
-])
+@pytest.mark.parametrize(
+    "family,extra",
+    [
+        ("llama", {}),
+        ("llama", {"tie_word_embeddings": True, "num_key_value_heads": 1, "head_dim": 24}),  # MQA, head_dim != d/H
+        ("mistral", {}),
+        ("qwen2", {}),  # q/k/v biases, none on o_proj
+    ],
+)
 def test_families_match_transformers_inside_and_past_max_positions(tmp_path, family, extra):
     directory, theirs = save_hf(tmp_path, family, **extra)
     ours, tokenizer, info = load_hf(directory)
@@ -97,24 +117,58 @@ ROPE_SCALING = {
     "linear": ({"rope_type": "linear", "factor": 2.0}, "pi"),
     "dynamic": ({"rope_type": "dynamic", "factor": 2.0}, "dynamic_ntk"),
     "yarn": ({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16}, "yarn"),
-    "yarn-betas-mscale": ({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16,
-                           "beta_fast": 16, "beta_slow": 2, "mscale": 0.8, "mscale_all_dim": 0.5}, "yarn"),
+    "yarn-betas-mscale": (
+        {
+            "rope_type": "yarn",
+            "factor": 4.0,
+            "original_max_position_embeddings": 16,
+            "beta_fast": 16,
+            "beta_slow": 2,
+            "mscale": 0.8,
+            "mscale_all_dim": 0.5,
+        },
+        "yarn",
+    ),
     # beta_slow 0.5 puts the ramp's upper end at pair 1.41 for head_dim 16, L 16: rounding it changes pair 1
-    "yarn-untruncated": ({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16,
-                          "beta_slow": 0.5, "truncate": False}, "yarn"),
-    "llama3": ({"rope_type": "llama3", "factor": 4.0, "original_max_position_embeddings": 16,
-                "low_freq_factor": 1.0, "high_freq_factor": 4.0}, "llama3"),
-    "longrope": ({"rope_type": "longrope", "factor": 4.0, "original_max_position_embeddings": 16,
-                  "long_factor": [1.0 + 0.7 * i for i in range(8)], "short_factor": [1.0 + 0.05 * i for i in range(8)]},
-                 "longrope"),
+    "yarn-untruncated": (
+        {
+            "rope_type": "yarn",
+            "factor": 4.0,
+            "original_max_position_embeddings": 16,
+            "beta_slow": 0.5,
+            "truncate": False,
+        },
+        "yarn",
+    ),
+    "llama3": (
+        {
+            "rope_type": "llama3",
+            "factor": 4.0,
+            "original_max_position_embeddings": 16,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+        },
+        "llama3",
+    ),
+    "longrope": (
+        {
+            "rope_type": "longrope",
+            "factor": 4.0,
+            "original_max_position_embeddings": 16,
+            "long_factor": [1.0 + 0.7 * i for i in range(8)],
+            "short_factor": [1.0 + 0.05 * i for i in range(8)],
+        },
+        "longrope",
+    ),
 }
 
 
 @pytest.mark.parametrize("case", ROPE_SCALING)
 def test_rope_scaling_types_match_transformers(tmp_path, case):
     params, method = ROPE_SCALING[case]
-    directory, theirs = save_hf(tmp_path, "llama", max_position_embeddings=64,
-                                rope_parameters={"rope_theta": 10000.0, **params})
+    directory, theirs = save_hf(
+        tmp_path, "llama", max_position_embeddings=64, rope_parameters={"rope_theta": 10000.0, **params}
+    )
     ours, _, info = load_hf(directory)
     assert ours.scaling.name == method and ours.scaling.factor == params["factor"]
     L = info.settings["train_len"]
@@ -124,10 +178,19 @@ def test_rope_scaling_types_match_transformers(tmp_path, case):
 
 def test_legacy_rope_theta_and_rope_scaling_keys(tmp_path):
     """config.json of transformers 4.x: rope_theta and rope_scaling at the top level."""
-    directory, theirs = save_hf(tmp_path, "llama", max_position_embeddings=64,
-                                rope_parameters={"rope_theta": 5000.0, "rope_type": "llama3", "factor": 4.0,
-                                                 "original_max_position_embeddings": 16, "low_freq_factor": 1.0,
-                                                 "high_freq_factor": 4.0})
+    directory, theirs = save_hf(
+        tmp_path,
+        "llama",
+        max_position_embeddings=64,
+        rope_parameters={
+            "rope_theta": 5000.0,
+            "rope_type": "llama3",
+            "factor": 4.0,
+            "original_max_position_embeddings": 16,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+        },
+    )
     path = os.path.join(directory, "config.json")
     config = json.load(open(path))
     params = config.pop("rope_parameters")
@@ -147,7 +210,7 @@ def test_mistral_sliding_window_is_the_window_method(tmp_path):
     full, _, _ = load_hf(directory, sliding_window="ignore")
     assert full.scaling.name == "none"
     assert max_diff(full, theirs, 24) > 1e-3  # the window matters at 24 tokens, so the check above has teeth
-    assert max_diff(full, theirs, 8) < ATOL   # and not within it
+    assert max_diff(full, theirs, 8) < ATOL  # and not within it
 
 
 def test_tokenizer_json_is_read(tmp_path):
@@ -169,16 +232,21 @@ def edit_config(directory, **changes):
     json.dump(config, open(path, "w"))
 
 
-@pytest.mark.parametrize("changes,message", [
-    ({"architectures": ["GPTNeoXForCausalLM"]}, r"GPTNeoXForCausalLM.*parallel residual"),
-    ({"architectures": ["PhiForCausalLM"]}, r"PhiForCausalLM.*parallel attention"),
-    ({"architectures": ["SomethingNew"]}, r"'SomethingNew' cannot be loaded.*Supported: LlamaForCausalLM"),
-    ({"hidden_act": "gelu"}, r"hidden_act='gelu'"),
-    ({"rope_parameters": {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5}},
-     r"partial_rotary_factor=0.5"),
-    ({"rope_parameters": {"rope_type": "proportional", "rope_theta": 1e4}}, r"rope_type='proportional'"),
-    ({"attention_bias": True}, r"attention_bias=True with mlp_bias=False"),
-])
+@pytest.mark.parametrize(
+    "changes,message",
+    [
+        ({"architectures": ["GPTNeoXForCausalLM"]}, r"GPTNeoXForCausalLM.*parallel residual"),
+        ({"architectures": ["PhiForCausalLM"]}, r"PhiForCausalLM.*parallel attention"),
+        ({"architectures": ["SomethingNew"]}, r"'SomethingNew' cannot be loaded.*Supported: LlamaForCausalLM"),
+        ({"hidden_act": "gelu"}, r"hidden_act='gelu'"),
+        (
+            {"rope_parameters": {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5}},
+            r"partial_rotary_factor=0.5",
+        ),
+        ({"rope_parameters": {"rope_type": "proportional", "rope_theta": 1e4}}, r"rope_type='proportional'"),
+        ({"attention_bias": True}, r"attention_bias=True with mlp_bias=False"),
+    ],
+)
 def test_unsupported_architectures_and_options_are_refused(tmp_path, changes, message):
     directory, _ = save_hf(tmp_path)
     edit_config(directory, **changes)
@@ -187,8 +255,9 @@ def test_unsupported_architectures_and_options_are_refused(tmp_path, changes, me
 
 
 def test_mistral_window_with_rope_scaling_is_refused(tmp_path):
-    directory, _ = save_hf(tmp_path, "mistral", sliding_window=8,
-                           rope_parameters={"rope_theta": 1e4, "rope_type": "linear", "factor": 2.0})
+    directory, _ = save_hf(
+        tmp_path, "mistral", sliding_window=8, rope_parameters={"rope_theta": 1e4, "rope_type": "linear", "factor": 2.0}
+    )
     with pytest.raises(ConfigError, match=r"sliding_window=8 and rope_type=linear.*sliding_window='ignore'"):
         load_hf(directory)
 
@@ -206,14 +275,21 @@ def test_missing_and_misshapen_weights_are_refused(tmp_path):
 def test_loading_holds_one_copy_of_the_weights(tmp_path):
     """Peak resident memory grows by about the weights' size, not twice it
     (a state_dict loaded beside a randomly initialised model would)."""
-    config = LlamaConfig(vocab_size=32000, hidden_size=512, intermediate_size=1536, num_hidden_layers=4,
-                         num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=64,
-                         tie_word_embeddings=False)
+    config = LlamaConfig(
+        vocab_size=32000,
+        hidden_size=512,
+        intermediate_size=1536,
+        num_hidden_layers=4,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        max_position_embeddings=64,
+        tie_word_embeddings=False,
+    )
     LlamaForCausalLM(config).save_pretrained(tmp_path / "big")
     size = os.path.getsize(tmp_path / "big" / "model.safetensors")
     small, _ = save_hf(tmp_path)
     code = (
-        "import sys, torch, rope_lm.hf, rope_lm.model, safetensors, tokenizers\n"
+        "import sys, torch, rope_lm.hf, rope_lm.model.transformer, safetensors, tokenizers\n"
         "def status(key):\n"
         "    return next(int(l.split()[1]) * 1024 for l in open('/proc/self/status') if l.startswith(key))\n"
         "rope_lm.hf.load_hf(sys.argv[2])  # first use: lazy imports and allocator pools, not weights\n"
@@ -222,8 +298,13 @@ def test_loading_holds_one_copy_of_the_weights(tmp_path):
         "model, _, _ = rope_lm.hf.load_hf(sys.argv[1])\n"
         "print(status('VmHWM:') - before)\n"
     )
-    out = forked.run([sys.executable, "-c", code, str(tmp_path / "big"), small], capture_output=True, text=True,
-                     env={**os.environ, "PYTHONPATH": ROOT}, check=True)
+    out = forked.run(
+        [sys.executable, "-c", code, str(tmp_path / "big"), small],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": ROOT},
+        check=True,
+    )
     grown = int(out.stdout.strip().splitlines()[-1])
     assert size > 100e6
     assert 0.9 * size < grown < 1.25 * size, f"peak RSS grew by {grown / 1e6:.0f} MB for {size / 1e6:.0f} MB of weights"
@@ -231,8 +312,18 @@ def test_loading_holds_one_copy_of_the_weights(tmp_path):
 
 # ------------------------------------------------------------------ export
 
-LLAMA_SHAPED = {"n_layer": 2, "n_head": 4, "n_kv_head": 2, "d_model": 64, "head_dim": 16, "mlp": "swiglu",
-                "mlp_hidden": 96, "norm_eps": 1e-5, "tie_embeddings": False, "bias": False}
+LLAMA_SHAPED = {
+    "n_layer": 2,
+    "n_head": 4,
+    "n_kv_head": 2,
+    "d_model": 64,
+    "head_dim": 16,
+    "mlp": "swiglu",
+    "mlp_hidden": 96,
+    "norm_eps": 1e-5,
+    "tie_embeddings": False,
+    "bias": False,
+}
 
 
 def rope_lm_model(scaling, train_len=16, seed=0, **model):
@@ -261,11 +352,14 @@ def test_export_is_reloaded_by_transformers_with_the_same_logits(tmp_path, metho
     assert_parity(ours, theirs, (12, 24, 80), f"export {method}")
 
 
-@pytest.mark.parametrize("model,arch", [
-    ({"qkv_bias": True}, "Qwen2ForCausalLM"),
-    ({"bias": True, "tie_embeddings": True, "n_kv_head": 1}, "LlamaForCausalLM"),  # attention_bias + mlp_bias
-    ({"norm_eps": None}, "LlamaForCausalLM"),  # torch's default eps written out
-])
+@pytest.mark.parametrize(
+    "model,arch",
+    [
+        ({"qkv_bias": True}, "Qwen2ForCausalLM"),
+        ({"bias": True, "tie_embeddings": True, "n_kv_head": 1}, "LlamaForCausalLM"),  # attention_bias + mlp_bias
+        ({"norm_eps": None}, "LlamaForCausalLM"),  # torch's default eps written out
+    ],
+)
 def test_export_of_other_shapes(tmp_path, model, arch):
     ours = rope_lm_model({"name": "none"}, **model)
     export_hf(ours, None, str(tmp_path / "out"))
@@ -274,21 +368,29 @@ def test_export_of_other_shapes(tmp_path, model, arch):
     assert_parity(ours, theirs, (24,), arch)
 
 
-@pytest.mark.parametrize("change,message", [
-    ({"pos": {"name": "alibi"}}, r"positional scheme 'alibi'"),
-    ({"pos": {"name": "rope", "pairing": "interleaved"}}, r"pairing=interleaved"),
-    ({"pos": {"name": "rope", "rotary_fraction": 0.5}}, r"rotates 8 of 16 channels"),
-    ({"model": {"mlp": "gelu"}}, r"model.mlp=gelu"),
-    ({"model": {"bias": True, "qkv_bias": False}}, r"bias=true with qkv_bias=false"),
-    ({"scaling": {"name": "yarn"}}, r"factor=auto.*fixed factor"),
-    ({"scaling": {"name": "ntk", "factor": 2.0}}, r"'ntk' has no transformers rope_type"),
-    ({"scaling": {"name": "rerope"}}, r"'rerope' has no transformers rope_type"),
-    ({"scaling": {"name": "pi", "factor": 2.0, "logn": True}}, r"log-n"),
-    ({"model": {"softmax": {"sink_logits": True}}}, r"model.softmax .* acts on layers \[0, 1\]"),
-])
+@pytest.mark.parametrize(
+    "change,message",
+    [
+        ({"pos": {"name": "alibi"}}, r"positional scheme 'alibi'"),
+        ({"pos": {"name": "rope", "pairing": "interleaved"}}, r"pairing=interleaved"),
+        ({"pos": {"name": "rope", "rotary_fraction": 0.5}}, r"rotates 8 of 16 channels"),
+        ({"model": {"mlp": "gelu"}}, r"model.mlp=gelu"),
+        ({"model": {"bias": True, "qkv_bias": False}}, r"bias=true with qkv_bias=false"),
+        ({"scaling": {"name": "yarn"}}, r"factor=auto.*fixed factor"),
+        ({"scaling": {"name": "ntk", "factor": 2.0}}, r"'ntk' has no transformers rope_type"),
+        ({"scaling": {"name": "rerope"}}, r"'rerope' has no transformers rope_type"),
+        ({"scaling": {"name": "pi", "factor": 2.0, "logn": True}}, r"log-n"),
+        ({"model": {"softmax": {"sink_logits": True}}}, r"model.softmax .* acts on layers \[0, 1\]"),
+    ],
+)
 def test_export_refuses_what_transformers_cannot_express(tmp_path, change, message):
-    model = build_model({**LLAMA_SHAPED, **change.get("model", {})}, change.get("pos", {"name": "rope"}),
-                        change.get("scaling"), VOCAB, 16)
+    model = build_model(
+        {**LLAMA_SHAPED, **change.get("model", {})},
+        change.get("pos", {"name": "rope"}),
+        change.get("scaling"),
+        VOCAB,
+        16,
+    )
     with pytest.raises(ConfigError, match=message):
         export_hf(model, None, str(tmp_path / "out"))
     assert not os.path.exists(tmp_path / "out")  # refused before writing anything
@@ -297,19 +399,37 @@ def test_export_refuses_what_transformers_cannot_express(tmp_path, change, messa
 def test_import_export_round_trip(tmp_path):
     from safetensors.torch import load_file
 
-    directory, theirs = save_hf(tmp_path, "qwen2", max_position_embeddings=64,
-                                rope_parameters={"rope_theta": 10000.0, "rope_type": "yarn", "factor": 4.0,
-                                                 "original_max_position_embeddings": 16})
+    directory, theirs = save_hf(
+        tmp_path,
+        "qwen2",
+        max_position_embeddings=64,
+        rope_parameters={
+            "rope_theta": 10000.0,
+            "rope_type": "yarn",
+            "factor": 4.0,
+            "original_max_position_embeddings": 16,
+        },
+    )
     ours, _, _ = load_hf(directory)
     export_hf(ours, None, str(tmp_path / "again"))
-    before, after = load_file(os.path.join(directory, "model.safetensors")), load_file(tmp_path / "again" / "model.safetensors")
+    before, after = (
+        load_file(os.path.join(directory, "model.safetensors")),
+        load_file(tmp_path / "again" / "model.safetensors"),
+    )
     assert sorted(before) == sorted(after)
     for name in before:
         assert torch.equal(before[name], after[name]), name
     config = json.load(open(tmp_path / "again" / "config.json"))
     original = json.load(open(os.path.join(directory, "config.json")))
-    for key in ("architectures", "hidden_size", "intermediate_size", "num_key_value_heads", "max_position_embeddings",
-                "rms_norm_eps", "tie_word_embeddings"):
+    for key in (
+        "architectures",
+        "hidden_size",
+        "intermediate_size",
+        "num_key_value_heads",
+        "max_position_embeddings",
+        "rms_norm_eps",
+        "tie_word_embeddings",
+    ):
         assert config[key] == original[key], key
     assert {k: config["rope_parameters"][k] for k in original["rope_parameters"]} == original["rope_parameters"]
 
@@ -317,7 +437,7 @@ def test_import_export_round_trip(tmp_path):
 def test_hf_init_starts_a_rope_lm_fine_tune(tmp_path):
     """hf_init's hparams build a LitLM whose model, given the loaded weights,
     is the transformers model; the fine-tune's own method replaces HF's."""
-    from rope_lm.lit import LitLM
+    from rope_lm.train.lit import LitLM
 
     directory, theirs = save_hf(tmp_path, "llama")
     model, tokenizer_json, hparams = hf_init(directory)
@@ -333,18 +453,23 @@ def test_export_script_writes_a_trained_checkpoint(tiny_config, tmp_path):
     """train.py's pipeline trains a Llama-shaped rope-lm model under YaRN with
     a fixed factor; scripts/export_hf.py writes it; transformers reloads it
     with the same logits and its tokenizer with the same ids."""
-    from rope_lm.pipeline import train_and_evaluate
-    from rope_lm.trained import open_model
     from transformers import AutoTokenizer
 
-    tiny_config["model"].update({k: v for k, v in LLAMA_SHAPED.items() if k not in ("n_layer", "d_model")},
-                                d_model=64, head_dim=16)
+    from rope_lm.runs.pipeline import train_and_evaluate
+    from rope_lm.runs.trained import open_model
+
+    tiny_config["model"].update(
+        {k: v for k, v in LLAMA_SHAPED.items() if k not in ("n_layer", "d_model")}, d_model=64, head_dim=16
+    )
     tiny_config["scaling"] = {"name": "yarn", "factor": 2.0}
     tiny_config["trainer"].update(max_steps=2, val_every_n_steps=2, ckpt_every_n_steps=2)
     train_and_evaluate(tiny_config, str(tmp_path / "run"))
     out = tmp_path / "exported"
-    result = forked.run([sys.executable, os.path.join(ROOT, "scripts", "export_hf.py"), f"ckpt={tmp_path / 'run'}",
-                         f"out={out}"], capture_output=True, text=True)
+    result = forked.run(
+        [sys.executable, os.path.join(ROOT, "scripts", "export_hf.py"), f"ckpt={tmp_path / 'run'}", f"out={out}"],
+        capture_output=True,
+        text=True,
+    )
     assert result.returncode == 0, result.stderr
     lit = open_model(str(tmp_path / "run"), "cpu").lit
     theirs = AutoModelForCausalLM.from_pretrained(str(out), attn_implementation="eager").eval()
@@ -363,12 +488,20 @@ def lit_tokenizer_ids(lit, text):
 
 
 def test_export_script_refuses_a_model_transformers_cannot_express(tiny_config, tmp_path):
-    from rope_lm.pipeline import train_and_evaluate
+    from rope_lm.runs.pipeline import train_and_evaluate
 
     tiny_config["trainer"].update(max_steps=1, val_every_n_steps=1, ckpt_every_n_steps=1)
     train_and_evaluate(tiny_config, str(tmp_path / "run"))  # GELU MLP
-    result = forked.run([sys.executable, os.path.join(ROOT, "scripts", "export_hf.py"), f"ckpt={tmp_path / 'run'}",
-                         f"out={tmp_path / 'x'}"], capture_output=True, text=True)
+    result = forked.run(
+        [
+            sys.executable,
+            os.path.join(ROOT, "scripts", "export_hf.py"),
+            f"ckpt={tmp_path / 'run'}",
+            f"out={tmp_path / 'x'}",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert result.returncode == 2 and "model.mlp=gelu" in result.stderr
 
 
@@ -416,7 +549,7 @@ def test_hf_checkpoint_reads_like_a_rope_lm_checkpoint(tmp_path):
     directory, theirs = save_hf(tmp_path, "mistral", tie_word_embeddings=True)
     saved = hf_checkpoint(directory)
     hp = saved["hyper_parameters"]
-    weights = {k[len("model."):]: v for k, v in saved["state_dict"].items() if k.startswith("model.")}
+    weights = {k[len("model.") :]: v for k, v in saved["state_dict"].items() if k.startswith("model.")}
     model = build_model(hp["model"], hp["pos"], hp["scaling"], hp["vocab_size"], hp["train_len"]).eval()
     model.load_state_dict(weights)
     assert_parity(model, theirs, (24, 48), "hf_checkpoint")

@@ -12,16 +12,27 @@ import pytest
 import torch
 
 pytest.importorskip("transformers")
-from transformers import (AutoModelForCausalLM, Cohere2Config, Cohere2ForCausalLM, Gemma3ForCausalLM,  # noqa: E402
-                          Gemma3TextConfig, GptOssConfig, GptOssForCausalLM, Llama4ForCausalLM, Llama4TextConfig, Qwen3Config, Qwen3ForCausalLM,
-                          SmolLM3Config, SmolLM3ForCausalLM)
+from test_hf import edit_config, randomize, tokens  # noqa: E402
+from transformers import (  # noqa: E402
+    AutoModelForCausalLM,
+    Cohere2Config,
+    Cohere2ForCausalLM,
+    Gemma3ForCausalLM,
+    Gemma3TextConfig,
+    GptOssConfig,
+    GptOssForCausalLM,
+    Llama4ForCausalLM,
+    Llama4TextConfig,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+    SmolLM3Config,
+    SmolLM3ForCausalLM,
+)
 from transformers.utils import logging as hf_logging  # noqa: E402
 
-from rope_lm.errors import ConfigError  # noqa: E402
+from rope_lm.core.errors import ConfigError  # noqa: E402
 from rope_lm.hf import export_hf, hf_lit, load_hf  # noqa: E402
-from rope_lm.model import ModelConfig, build_model  # noqa: E402
-from test_hf import edit_config, randomize, tokens  # noqa: E402
-
+from rope_lm.model.transformer import ModelConfig, build_model  # noqa: E402
 from tests import forked
 
 hf_logging.set_verbosity_error()
@@ -32,36 +43,72 @@ VOCAB, MAX_POS, N_LAYER = 300, 32, 4
 RTOL = 4e-6
 SLIDING, FULL = "sliding_attention", "full_attention"
 GEMMA_TYPES = [SLIDING, FULL, SLIDING, FULL]
-GEMMA_ROPE = {SLIDING: {"rope_type": "default", "rope_theta": 10000.0},
-              FULL: {"rope_type": "default", "rope_theta": 1e6}}
+GEMMA_ROPE = {
+    SLIDING: {"rope_type": "default", "rope_theta": 10000.0},
+    FULL: {"rope_type": "default", "rope_theta": 1e6},
+}
 
 FAMILIES = {
     # name: (config class, model class, config overrides)
     "qwen3": (Qwen3Config, Qwen3ForCausalLM, {}),
     # layers 2 and 3 slide (max_window_layers), with a window shorter than the sequences
-    "qwen3-sliding": (Qwen3Config, Qwen3ForCausalLM, {"use_sliding_window": True, "sliding_window": 8,
-                                                      "max_window_layers": 2}),
+    "qwen3-sliding": (
+        Qwen3Config,
+        Qwen3ForCausalLM,
+        {"use_sliding_window": True, "sliding_window": 8, "max_window_layers": 2},
+    ),
     "smollm3": (SmolLM3Config, SmolLM3ForCausalLM, {"no_rope_layer_interval": 2}),  # layers 1 and 3 NoPE
-    "smollm3-sliding": (SmolLM3Config, SmolLM3ForCausalLM, {"no_rope_layers": [1, 1, 1, 0], "use_sliding_window": True,
-                                                            "sliding_window": 8}),
-    "gemma3": (Gemma3TextConfig, Gemma3ForCausalLM,
-               {"sliding_window": 8, "layer_types": GEMMA_TYPES, "query_pre_attn_scalar": 24,
-                "rope_parameters": GEMMA_ROPE}),
+    "smollm3-sliding": (
+        SmolLM3Config,
+        SmolLM3ForCausalLM,
+        {"no_rope_layers": [1, 1, 1, 0], "use_sliding_window": True, "sliding_window": 8},
+    ),
+    "gemma3": (
+        Gemma3TextConfig,
+        Gemma3ForCausalLM,
+        {"sliding_window": 8, "layer_types": GEMMA_TYPES, "query_pre_attn_scalar": 24, "rope_parameters": GEMMA_ROPE},
+    ),
     "cohere2": (Cohere2Config, Cohere2ForCausalLM, {"sliding_window": 8, "logit_scale": 0.5}),
     # gpt-oss: 6 experts, 2 a token, sink logits, alternating sliding (8) and full layers; a clamp of 0.5
     # (7 in the released models) so that the clamps act on these small activations
-    "gpt_oss": (GptOssConfig, GptOssForCausalLM, {"intermediate_size": 48, "num_local_experts": 6,
-                                                   "num_experts_per_tok": 2, "sliding_window": 8, "swiglu_limit": 0.5,
-                                                   "rope_parameters": {"rope_type": "default", "rope_theta": 1e4}}),
+    "gpt_oss": (
+        GptOssConfig,
+        GptOssForCausalLM,
+        {
+            "intermediate_size": 48,
+            "num_local_experts": 6,
+            "num_experts_per_tok": 2,
+            "sliding_window": 8,
+            "swiglu_limit": 0.5,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 1e4},
+        },
+    ),
     # Llama 4's dense form: no experts, no chunked attention, no L2 q/k norm, no temperature tuning
-    "llama4": (Llama4TextConfig, Llama4ForCausalLM, {"intermediate_size_mlp": 96, "moe_layers": [],
-                                                      "attention_chunk_size": None, "use_qk_norm": False,
-                                                      "attn_temperature_tuning": False}),
+    "llama4": (
+        Llama4TextConfig,
+        Llama4ForCausalLM,
+        {
+            "intermediate_size_mlp": 96,
+            "moe_layers": [],
+            "attention_chunk_size": None,
+            "use_qk_norm": False,
+            "attn_temperature_tuning": False,
+        },
+    ),
     # with its query temperature on the NoPE layers (h5's softmax option); floor_scale 8 so it acts within 24 tokens
-    "llama4-temperature": (Llama4TextConfig, Llama4ForCausalLM, {"intermediate_size_mlp": 96, "moe_layers": [],
-                                                                  "attention_chunk_size": None, "use_qk_norm": False,
-                                                                  "attn_temperature_tuning": True, "floor_scale": 8,
-                                                                  "attn_scale": 0.1}),
+    "llama4-temperature": (
+        Llama4TextConfig,
+        Llama4ForCausalLM,
+        {
+            "intermediate_size_mlp": 96,
+            "moe_layers": [],
+            "attention_chunk_size": None,
+            "use_qk_norm": False,
+            "attn_temperature_tuning": True,
+            "floor_scale": 8,
+            "attn_scale": 0.1,
+        },
+    ),
 }
 # what each becomes, layer by layer: (scheme, window)
 EXPECTED_LAYERS = {
@@ -79,9 +126,20 @@ EXPECTED_LAYERS = {
 
 def save_family(tmp_path, case, **overrides):
     Config, Model, extra = FAMILIES[case]
-    kwargs = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=N_LAYER,
-                  num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=MAX_POS,
-                  tie_word_embeddings=False, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    kwargs = dict(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=N_LAYER,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=MAX_POS,
+        tie_word_embeddings=False,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
     kwargs.update(extra)
     kwargs.update(overrides)
     model = randomize(Model(Config(**kwargs))).eval()
@@ -109,8 +167,9 @@ def assert_parity(ours, theirs, lengths, label):
 
 
 def layers_of(model):
-    return [(s.name, None if model.layout is None else model.layout[i].window)
-            for i, s in enumerate(model._layer_schemes)]
+    return [
+        (s.name, None if model.layout is None else model.layout[i].window) for i, s in enumerate(model._layer_schemes)
+    ]
 
 
 # ------------------------------------------------------------------ import
@@ -137,7 +196,7 @@ def test_gemma3_local_and_global_layers_keep_their_own_bases(tmp_path):
     directory, _ = save_family(tmp_path, "gemma3")
     ours, _, _ = load_hf(directory)
     assert [s.base for s in ours._layer_schemes] == [1e4, 1e6, 1e4, 1e6]
-    assert ours.cfg.embed_scale == 64 ** 0.5 and ours.cfg.attn_scale == 24 ** -0.5
+    assert ours.cfg.embed_scale == 64**0.5 and ours.cfg.attn_scale == 24**-0.5
 
 
 def test_a_rhythm_that_does_not_divide_the_layers_is_a_cut_pattern(tmp_path):
@@ -152,15 +211,22 @@ def test_a_rhythm_that_does_not_divide_the_layers_is_a_cut_pattern(tmp_path):
 YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16, "rope_theta": 10000.0}
 
 
-@pytest.mark.parametrize("case,overrides,scaled", [
-    ("qwen3", {"rope_parameters": YARN}, [0, 1, 2, 3]),
-    ("smollm3", {"rope_parameters": YARN}, [0, 2]),  # the NoPE layers take no method (transformers: no rotation)
-    ("cohere2", {"rope_parameters": YARN}, [0, 1, 2]),
-    ("llama4", {"rope_parameters": YARN}, [0, 1, 2]),
-    ("gpt_oss", {"rope_parameters": {**YARN, "truncate": False}}, [0, 1, 2, 3]),  # gpt-oss's own YaRN is untruncated
-    # Gemma 3 scales its global layers only (its 27B config: linear factor 8 on full_attention)
-    ("gemma3", {"rope_parameters": {SLIDING: GEMMA_ROPE[SLIDING], FULL: {**YARN, "rope_theta": 1e6}}}, [1, 3]),
-])
+@pytest.mark.parametrize(
+    "case,overrides,scaled",
+    [
+        ("qwen3", {"rope_parameters": YARN}, [0, 1, 2, 3]),
+        ("smollm3", {"rope_parameters": YARN}, [0, 2]),  # the NoPE layers take no method (transformers: no rotation)
+        ("cohere2", {"rope_parameters": YARN}, [0, 1, 2]),
+        ("llama4", {"rope_parameters": YARN}, [0, 1, 2]),
+        (
+            "gpt_oss",
+            {"rope_parameters": {**YARN, "truncate": False}},
+            [0, 1, 2, 3],
+        ),  # gpt-oss's own YaRN is untruncated
+        # Gemma 3 scales its global layers only (its 27B config: linear factor 8 on full_attention)
+        ("gemma3", {"rope_parameters": {SLIDING: GEMMA_ROPE[SLIDING], FULL: {**YARN, "rope_theta": 1e6}}}, [1, 3]),
+    ],
+)
 def test_yarn_acts_where_transformers_applies_it(tmp_path, case, overrides, scaled):
     directory, theirs = save_family(tmp_path, case, max_position_embeddings=64, **overrides)
     ours, _, info = load_hf(directory)
@@ -203,7 +269,7 @@ def test_hf_lit_builds_every_layer_scheme(tmp_path):
 def test_cached_decoding_equals_one_forward(tmp_path, case):
     """The new options sit in the projections and the block, so the KV cache
     reads them as the full forward does: prefill then one token at a time."""
-    from rope_lm.kv_cache import KVCache
+    from rope_lm.model.kv_cache import KVCache
 
     directory, _ = save_family(tmp_path, case)
     ours, _, _ = load_hf(directory)
@@ -211,29 +277,42 @@ def test_cached_decoding_equals_one_forward(tmp_path, case):
     with torch.no_grad():
         full = ours(idx)
         cache = KVCache(planned_len=20)
-        pieces = [ours(idx[:, :12], cache=cache)] + [ours(idx[:, t:t + 1], cache=cache) for t in range(12, 20)]
+        pieces = [ours(idx[:, :12], cache=cache)] + [ours(idx[:, t : t + 1], cache=cache) for t in range(12, 20)]
     diff = (torch.cat(pieces, dim=1) - full).abs().max() / full.abs().max()
     assert diff < RTOL, f"{case}: cached decoding differs by {diff:.2e} of the largest logit"
 
 
-@pytest.mark.parametrize("case,changes,message", [
-    ("qwen3", {"attention_bias": True}, r"attention_bias=True with no MLP biases in Qwen3ForCausalLM"),
-    ("smollm3", {"attention_bias": True, "mlp_bias": False}, r"attention_bias=True with mlp_bias=False"),
-    ("gemma3", {"attn_logit_softcapping": 50.0}, r"attn_logit_softcapping=50.0"),
-    ("gemma3", {"final_logit_softcapping": 30.0}, r"final_logit_softcapping=30.0"),
-    ("gemma3", {"use_bidirectional_attention": True}, r"use_bidirectional_attention=True"),
-    ("gemma3", {"hidden_activation": "gelu"}, r"hidden_activation='gelu'"),
-    ("gemma3", {"rope_parameters": {SLIDING: {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4},
-                                    FULL: {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6}}},
-     r"different scalings per layer type"),
-    ("cohere2", {"layer_types": [SLIDING, "chunked_attention", SLIDING, FULL]}, r"layer_types=.*chunked_attention"),
-    ("qwen3", {"rope_parameters": {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5}},
-     r"partial_rotary_factor=0.5"),
-    ("smollm3", {"no_rope_layers": [1, 0]}, r"no_rope_layers of 2 entries for num_hidden_layers=4"),
-    ("llama4", {"moe_layers": [1, 3]}, r"moe_layers=\[1, 3\]: Llama 4.s mixture of experts"),
-    ("llama4", {"attention_chunk_size": 8}, r"attention_chunk_size=8: chunked attention"),
-    ("llama4", {"use_qk_norm": True}, r"use_qk_norm=True: an L2 norm of q and k"),
-])
+@pytest.mark.parametrize(
+    "case,changes,message",
+    [
+        ("qwen3", {"attention_bias": True}, r"attention_bias=True with no MLP biases in Qwen3ForCausalLM"),
+        ("smollm3", {"attention_bias": True, "mlp_bias": False}, r"attention_bias=True with mlp_bias=False"),
+        ("gemma3", {"attn_logit_softcapping": 50.0}, r"attn_logit_softcapping=50.0"),
+        ("gemma3", {"final_logit_softcapping": 30.0}, r"final_logit_softcapping=30.0"),
+        ("gemma3", {"use_bidirectional_attention": True}, r"use_bidirectional_attention=True"),
+        ("gemma3", {"hidden_activation": "gelu"}, r"hidden_activation='gelu'"),
+        (
+            "gemma3",
+            {
+                "rope_parameters": {
+                    SLIDING: {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4},
+                    FULL: {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
+                }
+            },
+            r"different scalings per layer type",
+        ),
+        ("cohere2", {"layer_types": [SLIDING, "chunked_attention", SLIDING, FULL]}, r"layer_types=.*chunked_attention"),
+        (
+            "qwen3",
+            {"rope_parameters": {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5}},
+            r"partial_rotary_factor=0.5",
+        ),
+        ("smollm3", {"no_rope_layers": [1, 0]}, r"no_rope_layers of 2 entries for num_hidden_layers=4"),
+        ("llama4", {"moe_layers": [1, 3]}, r"moe_layers=\[1, 3\]: Llama 4.s mixture of experts"),
+        ("llama4", {"attention_chunk_size": 8}, r"attention_chunk_size=8: chunked attention"),
+        ("llama4", {"use_qk_norm": True}, r"use_qk_norm=True: an L2 norm of q and k"),
+    ],
+)
 def test_what_does_not_map_is_refused_naming_the_field(tmp_path, case, changes, message):
     directory, _ = save_family(tmp_path, case)
     edit_config(directory, **changes)
@@ -261,8 +340,9 @@ def test_import_export_round_trip(tmp_path, case):
     transformers reads the result with the original's logits."""
     from safetensors.torch import load_file
 
-    directory, theirs = save_family(tmp_path, case, max_position_embeddings=64,
-                                    rope_parameters=(GEMMA_ROPE if case == "gemma3" else YARN))
+    directory, theirs = save_family(
+        tmp_path, case, max_position_embeddings=64, rope_parameters=(GEMMA_ROPE if case == "gemma3" else YARN)
+    )
     ours, _, _ = load_hf(directory)
     export_hf(ours, None, str(tmp_path / "again"))
     before = load_file(os.path.join(directory, "model.safetensors"))
@@ -274,10 +354,25 @@ def test_import_export_round_trip(tmp_path, case):
     config = json.load(open(tmp_path / "again" / "config.json"))
     # Llama 4's intermediate_size is its experts' width, which a dense model does not have
     width = "intermediate_size_mlp" if case.startswith("llama4") else "intermediate_size"
-    for key in ("architectures", "model_type", "hidden_size", width, "num_key_value_heads", "head_dim",
-                "max_position_embeddings", "tie_word_embeddings", "layer_types", "sliding_window", "no_rope_layers",
-                "query_pre_attn_scalar", "logit_scale", "rms_norm_eps", "layer_norm_eps", "attn_temperature_tuning",
-                "attention_bias"):
+    for key in (
+        "architectures",
+        "model_type",
+        "hidden_size",
+        width,
+        "num_key_value_heads",
+        "head_dim",
+        "max_position_embeddings",
+        "tie_word_embeddings",
+        "layer_types",
+        "sliding_window",
+        "no_rope_layers",
+        "query_pre_attn_scalar",
+        "logit_scale",
+        "rms_norm_eps",
+        "layer_norm_eps",
+        "attn_temperature_tuning",
+        "attention_bias",
+    ):
         assert config.get(key) == original.get(key), key
     if case == "gpt_oss":  # (Llama 4's dense form carries expert fields it does not read)
         for key in ("num_local_experts", "num_experts_per_tok", "swiglu_limit", "swiglu_alpha"):
@@ -293,40 +388,73 @@ def written_as(exported, original) -> bool:
     """Every setting of the original, at any depth, has its value in the
     export (which also writes the defaults out)."""
     if isinstance(original, dict):
-        return isinstance(exported, dict) and all(k in exported and written_as(exported[k], v)
-                                                  for k, v in original.items())
+        return isinstance(exported, dict) and all(
+            k in exported and written_as(exported[k], v) for k, v in original.items()
+        )
     return exported == original
 
 
-LLAMA_SHAPED = {"n_layer": N_LAYER, "n_head": 4, "n_kv_head": 2, "d_model": 64, "head_dim": 16, "mlp": "swiglu",
-                "mlp_hidden": 96, "norm_eps": 1e-5, "tie_embeddings": False}
+LLAMA_SHAPED = {
+    "n_layer": N_LAYER,
+    "n_head": 4,
+    "n_kv_head": 2,
+    "d_model": 64,
+    "head_dim": 16,
+    "mlp": "swiglu",
+    "mlp_hidden": 96,
+    "norm_eps": 1e-5,
+    "tie_embeddings": False,
+}
 
 
 def scratch_model(layout, scaling=None, **model):
     torch.manual_seed(0)
-    m = build_model({**LLAMA_SHAPED, "layout": layout, **model}, {"name": "rope", "base": 10000.0}, scaling,
-                    VOCAB, 16)
+    m = build_model({**LLAMA_SHAPED, "layout": layout, **model}, {"name": "rope", "base": 10000.0}, scaling, VOCAB, 16)
     return randomize(m).eval()
 
 
-@pytest.mark.parametrize("layout,model,arch", [
-    # a rope-lm layout study's model: NoPE every 4th layer, windows elsewhere
-    ({"pattern": [{"window": 6}, {"window": 6}, {"window": 6}, "nope"]}, {}, "SmolLM3ForCausalLM"),
-    (None, {"qk_norm": True}, "Qwen3ForCausalLM"),
-    ({"pattern": [{"window": 6, "pos": {"base": 1e4}}, {"pos": {"base": 1e6}}]},
-     {"norm": "rms_offset", "qk_norm": True, "post_norms": True, "mlp": "geglu", "embed_scale": 8.0,
-      "attn_scale": 20 ** -0.5, "tie_embeddings": True}, "Gemma3ForCausalLM"),
-    ({"pattern": [{"window": 6, "pos": {"pairing": "interleaved"}}, "nope"]},
-     {"norm": "layer", "parallel": True, "logit_scale": 0.25}, "Cohere2ForCausalLM"),
-    # gpt-oss's parts on a rope-lm model: experts, sink logits, biases on q/k/v/o, windows every other layer
-    ({"pattern": [{"window": 6}, {}]}, {"mlp": "moe", "experts": {"count": 4, "top_k": 2}, "bias": True,
-                                        "softmax": {"sink_logits": True}}, "GptOssForCausalLM"),
-    # Llama's block, interleaved pairs, every 4th layer NoPE and no windows: Llama 4's dense form,
-    # here with its temperature on the NoPE layers (conf/layout/llama4.yaml's rhythm)
-    ({"pattern": [{"pos": {"pairing": "interleaved"}}] * 3
-      + [{"pos": {"name": "nope"}, "softmax": {"temperature": {"floor_scale": 8, "attn_scale": 0.1}}}]}, {},
-     "Llama4ForCausalLM"),
-])
+@pytest.mark.parametrize(
+    "layout,model,arch",
+    [
+        # a rope-lm layout study's model: NoPE every 4th layer, windows elsewhere
+        ({"pattern": [{"window": 6}, {"window": 6}, {"window": 6}, "nope"]}, {}, "SmolLM3ForCausalLM"),
+        (None, {"qk_norm": True}, "Qwen3ForCausalLM"),
+        (
+            {"pattern": [{"window": 6, "pos": {"base": 1e4}}, {"pos": {"base": 1e6}}]},
+            {
+                "norm": "rms_offset",
+                "qk_norm": True,
+                "post_norms": True,
+                "mlp": "geglu",
+                "embed_scale": 8.0,
+                "attn_scale": 20**-0.5,
+                "tie_embeddings": True,
+            },
+            "Gemma3ForCausalLM",
+        ),
+        (
+            {"pattern": [{"window": 6, "pos": {"pairing": "interleaved"}}, "nope"]},
+            {"norm": "layer", "parallel": True, "logit_scale": 0.25},
+            "Cohere2ForCausalLM",
+        ),
+        # gpt-oss's parts on a rope-lm model: experts, sink logits, biases on q/k/v/o, windows every other layer
+        (
+            {"pattern": [{"window": 6}, {}]},
+            {"mlp": "moe", "experts": {"count": 4, "top_k": 2}, "bias": True, "softmax": {"sink_logits": True}},
+            "GptOssForCausalLM",
+        ),
+        # Llama's block, interleaved pairs, every 4th layer NoPE and no windows: Llama 4's dense form,
+        # here with its temperature on the NoPE layers (conf/layout/llama4.yaml's rhythm)
+        (
+            {
+                "pattern": [{"pos": {"pairing": "interleaved"}}] * 3
+                + [{"pos": {"name": "nope"}, "softmax": {"temperature": {"floor_scale": 8, "attn_scale": 0.1}}}]
+            },
+            {},
+            "Llama4ForCausalLM",
+        ),
+    ],
+)
 def test_rope_lm_models_export_to_the_family_that_expresses_them(tmp_path, layout, model, arch):
     ours = scratch_model(layout, {"name": "yarn", "factor": 4.0}, **model)
     export_hf(ours, None, str(tmp_path / "out"))
@@ -335,31 +463,72 @@ def test_rope_lm_models_export_to_the_family_that_expresses_them(tmp_path, layou
     assert_parity(ours, theirs, (12, 40), arch)
 
 
-@pytest.mark.parametrize("layout,model,message", [
-    ({"pattern": ["rope", "alibi"]}, {}, r"layer 1 uses positional scheme 'alibi'"),
-    ({"pattern": [{"window": 4, "pos": {"pairing": "interleaved"}}, "nope"]}, {},
-     r"sliding windows; Llama4ForCausalLM has none"),
-    ({"pattern": [{"pos": {"pairing": "interleaved"}, "softmax": {"temperature": {"floor_scale": 8, "attn_scale": 0.1}}},
-                  "nope"]}, {}, r"temperature is on layers \[0, 2\]; Llama4ForCausalLM tunes exactly its NoPE"),
-    (None, {"qk_norm": True, "softmax": {"sink_logits": True}},
-     r"layer 0 has learned sink logits; Qwen3ForCausalLM has neither"),
-    ({"pattern": [{"window": 4}, {"window": 8}]}, {}, r"sliding windows differ \(\[4, 8\]\)"),
-    ({"pattern": ["rope", {"pos": {"p_rope": 0.5}}, "rope", "nope"]}, {}, r"layer 1 rotates .* p_rope=0.5"),
-    ({"pattern": [{"window": 4, "pos": {"pairing": "interleaved"}}, {"pos": {"pairing": "interleaved"}}]},
-     {"norm": "layer", "parallel": True}, r"NoPE on exactly its global"),
-    ({"pattern": ["rope", "nope"]}, {"qk_norm": True}, r"NoPE on layers \[1, 3\].*RoPE on every layer"),
-    ({"pattern": [{"window": 4}, {}]}, {"norm": "rms_offset", "qk_norm": True, "post_norms": True, "mlp": "geglu",
-                                        "embed_scale": 8.0, "attn_scale": 0.3},
-     r"attn_scale=0.3 is not s\^-1/2"),
-    ({"pattern": [{"window": 4}, {}]}, {"norm": "rms_offset", "qk_norm": True, "post_norms": True, "mlp": "geglu"},
-     r"model.embed_scale=None; Gemma3ForCausalLM has embed_scale=8.0"),
-    ({"layers": ["rope", {"scaling": False}, "rope", "rope"]}, {"qk_norm": True},
-     r"acts on some full_attention layers and not on others"),
-    (None, {"norm": "layer"}, r"model.norm=layer in a block no transformers family has"),
-    ({"pattern": [{"window": 6}, {}]}, {"mlp": "moe", "experts": {"count": 4, "top_k": 2}},
-     r"layer 0 has no sink logits; GptOssForCausalLM has sink logits on every layer"),
-    ({"pattern": ["rope", "nope"]}, {"mlp": "gelu"}, r"a per-layer layout with .*mlp=gelu"),
-])
+@pytest.mark.parametrize(
+    "layout,model,message",
+    [
+        ({"pattern": ["rope", "alibi"]}, {}, r"layer 1 uses positional scheme 'alibi'"),
+        (
+            {"pattern": [{"window": 4, "pos": {"pairing": "interleaved"}}, "nope"]},
+            {},
+            r"sliding windows; Llama4ForCausalLM has none",
+        ),
+        (
+            {
+                "pattern": [
+                    {
+                        "pos": {"pairing": "interleaved"},
+                        "softmax": {"temperature": {"floor_scale": 8, "attn_scale": 0.1}},
+                    },
+                    "nope",
+                ]
+            },
+            {},
+            r"temperature is on layers \[0, 2\]; Llama4ForCausalLM tunes exactly its NoPE",
+        ),
+        (
+            None,
+            {"qk_norm": True, "softmax": {"sink_logits": True}},
+            r"layer 0 has learned sink logits; Qwen3ForCausalLM has neither",
+        ),
+        ({"pattern": [{"window": 4}, {"window": 8}]}, {}, r"sliding windows differ \(\[4, 8\]\)"),
+        ({"pattern": ["rope", {"pos": {"p_rope": 0.5}}, "rope", "nope"]}, {}, r"layer 1 rotates .* p_rope=0.5"),
+        (
+            {"pattern": [{"window": 4, "pos": {"pairing": "interleaved"}}, {"pos": {"pairing": "interleaved"}}]},
+            {"norm": "layer", "parallel": True},
+            r"NoPE on exactly its global",
+        ),
+        ({"pattern": ["rope", "nope"]}, {"qk_norm": True}, r"NoPE on layers \[1, 3\].*RoPE on every layer"),
+        (
+            {"pattern": [{"window": 4}, {}]},
+            {
+                "norm": "rms_offset",
+                "qk_norm": True,
+                "post_norms": True,
+                "mlp": "geglu",
+                "embed_scale": 8.0,
+                "attn_scale": 0.3,
+            },
+            r"attn_scale=0.3 is not s\^-1/2",
+        ),
+        (
+            {"pattern": [{"window": 4}, {}]},
+            {"norm": "rms_offset", "qk_norm": True, "post_norms": True, "mlp": "geglu"},
+            r"model.embed_scale=None; Gemma3ForCausalLM has embed_scale=8.0",
+        ),
+        (
+            {"layers": ["rope", {"scaling": False}, "rope", "rope"]},
+            {"qk_norm": True},
+            r"acts on some full_attention layers and not on others",
+        ),
+        (None, {"norm": "layer"}, r"model.norm=layer in a block no transformers family has"),
+        (
+            {"pattern": [{"window": 6}, {}]},
+            {"mlp": "moe", "experts": {"count": 4, "top_k": 2}},
+            r"layer 0 has no sink logits; GptOssForCausalLM has sink logits on every layer",
+        ),
+        ({"pattern": ["rope", "nope"]}, {"mlp": "gelu"}, r"a per-layer layout with .*mlp=gelu"),
+    ],
+)
 def test_export_refuses_what_no_family_expresses(tmp_path, layout, model, message):
     ours = scratch_model(layout, {"name": "pi", "factor": 2.0}, **model)
     with pytest.raises(ConfigError, match=message):
@@ -378,17 +547,20 @@ def test_default_options_add_no_modules():
     assert all(b.norm2 is not None for b in m.blocks)
 
 
-@pytest.mark.parametrize("change,message", [
-    ({"norm": "batch"}, r"model.norm='batch' is not a norm kind; use one of rms, rms_offset, layer"),
-    ({"qk_norm": "yes"}, r"model.qk_norm='yes' must be true or false"),
-    ({"parallel": True, "post_norms": True}, r"parallel=true with model.post_norms=true"),
-    ({"attn_scale": 0}, r"model.attn_scale=0 must be a positive number"),
-    ({"logit_scale": -1.0}, r"model.logit_scale=-1.0 must be a positive number"),
-    ({"mlp": "reglu"}, r"model.mlp='reglu' is not an MLP kind; use one of gelu, swiglu, geglu, moe"),
-    ({"mlp": "moe"}, r"model.mlp=moe needs model.experts"),
-    ({"mlp": "moe", "experts": {"count": 2, "top_k": 3}}, r"top_k=3 exceeds model.experts.count=2"),
-    ({"mlp": "swiglu", "experts": {"count": 2, "top_k": 1}}, r"experts need model.mlp=moe"),
-])
+@pytest.mark.parametrize(
+    "change,message",
+    [
+        ({"norm": "batch"}, r"model.norm='batch' is not a norm kind; use one of rms, rms_offset, layer"),
+        ({"qk_norm": "yes"}, r"model.qk_norm='yes' must be true or false"),
+        ({"parallel": True, "post_norms": True}, r"parallel=true with model.post_norms=true"),
+        ({"attn_scale": 0}, r"model.attn_scale=0 must be a positive number"),
+        ({"logit_scale": -1.0}, r"model.logit_scale=-1.0 must be a positive number"),
+        ({"mlp": "reglu"}, r"model.mlp='reglu' is not an MLP kind; use one of gelu, swiglu, geglu, moe"),
+        ({"mlp": "moe"}, r"model.mlp=moe needs model.experts"),
+        ({"mlp": "moe", "experts": {"count": 2, "top_k": 3}}, r"top_k=3 exceeds model.experts.count=2"),
+        ({"mlp": "swiglu", "experts": {"count": 2, "top_k": 1}}, r"experts need model.mlp=moe"),
+    ],
+)
 def test_bad_options_are_refused(change, message):
     with pytest.raises(ConfigError, match=message):
         ModelConfig(vocab_size=50, train_len=16, **change).validate()
@@ -401,18 +573,34 @@ def test_a_trained_gemma_shaped_layout_exports_through_the_script(tiny_config, t
     import sys
 
     from conftest import ROOT
-    from rope_lm.pipeline import train_and_evaluate
-    from rope_lm.trained import open_model
+
+    from rope_lm.runs.pipeline import train_and_evaluate
+    from rope_lm.runs.trained import open_model
 
     tiny_config["model"].update(
-        n_layer=2, n_head=4, n_kv_head=2, d_model=64, head_dim=16, mlp="geglu", mlp_hidden=96, norm="rms_offset",
-        qk_norm=True, post_norms=True, embed_scale=8.0, attn_scale=0.25, norm_eps=1e-6,
-        layout={"pattern": [{"window": 8, "pos": {"base": 1e4}}, {"pos": {"base": 1e6}}]})
+        n_layer=2,
+        n_head=4,
+        n_kv_head=2,
+        d_model=64,
+        head_dim=16,
+        mlp="geglu",
+        mlp_hidden=96,
+        norm="rms_offset",
+        qk_norm=True,
+        post_norms=True,
+        embed_scale=8.0,
+        attn_scale=0.25,
+        norm_eps=1e-6,
+        layout={"pattern": [{"window": 8, "pos": {"base": 1e4}}, {"pos": {"base": 1e6}}]},
+    )
     tiny_config["trainer"].update(max_steps=2, val_every_n_steps=2, ckpt_every_n_steps=2)
     train_and_evaluate(tiny_config, str(tmp_path / "run"))
     out = tmp_path / "exported"
-    result = forked.run([sys.executable, os.path.join(ROOT, "scripts", "export_hf.py"), f"ckpt={tmp_path / 'run'}",
-                         f"out={out}"], capture_output=True, text=True)
+    result = forked.run(
+        [sys.executable, os.path.join(ROOT, "scripts", "export_hf.py"), f"ckpt={tmp_path / 'run'}", f"out={out}"],
+        capture_output=True,
+        text=True,
+    )
     assert result.returncode == 0, result.stderr
     config = json.load(open(out / "config.json"))
     assert config["architectures"] == ["Gemma3ForCausalLM"] and config["query_pre_attn_scalar"] == 16

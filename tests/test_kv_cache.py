@@ -1,17 +1,17 @@
-"""The KV cache (rope_lm/kv_cache.py): a sequence read as a prefill, single
+"""The KV cache (rope_lm/model/kv_cache.py): a sequence read as a prefill, single
 tokens and a second chunk gives the logits of one full forward, for every
 registered scheme and every method that applies to it (driven by the
 registries, so a scheme or method added later is covered); and, unplanned,
 what the cache documents as the length grows."""
 
+from conftest import ROOT
 import pytest
 import torch
 import yaml
 
-from conftest import ROOT
-from rope_lm.errors import ConfigError
-from rope_lm.kv_cache import KVCache
-from rope_lm.model import ModelConfig, TransformerLM, check_fit
+from rope_lm.core.errors import ConfigError
+from rope_lm.model.kv_cache import KVCache
+from rope_lm.model.transformer import ModelConfig, TransformerLM, check_fit
 from rope_lm.positional import SCHEMES
 from rope_lm.scaling import METHODS
 
@@ -24,10 +24,14 @@ SMALL = {
     "fire": {"mlp_width": 8, "init_L": 8.0},
     "learned": {"max_positions": 64},
 }
-METHOD_OPTIONS = {"window": {"window": 8}, "rerope": {"window": 6}, "leaky_rerope": {"window": 6},
-                  "self_extend": {"window": 6},
-                  # head_dim 8: four rotary pairs, each with its own factor
-                  "longrope": {"long_factor": [1.0, 1.5, 2.5, 4.0], "short_factor": [1.0, 1.1, 1.2, 1.3]}}
+METHOD_OPTIONS = {
+    "window": {"window": 8},
+    "rerope": {"window": 6},
+    "leaky_rerope": {"window": 6},
+    "self_extend": {"window": 6},
+    # head_dim 8: four rotary pairs, each with its own factor
+    "longrope": {"long_factor": [1.0, 1.5, 2.5, 4.0], "short_factor": [1.0, 1.1, 1.2, 1.3]},
+}
 
 
 def pos_options(name):
@@ -77,7 +81,7 @@ def read_in_pieces(m, idx, cache, pieces):
     out = []
     start = 0
     for n in pieces:
-        out.append(m(idx[:, start:start + n], cache=cache))
+        out.append(m(idx[:, start : start + n], cache=cache))
         start += n
     return torch.cat(out, dim=1)
 
@@ -131,8 +135,18 @@ def test_a_planned_cache_evaluates_length_dependent_settings_at_its_plan(method)
     assert (cached - short).abs().max() > 1e-3, f"{method} does not depend on the length: drop it from the list"
 
 
-@pytest.mark.parametrize("scheme,method", [("rope", "none"), ("rope", "yarn"), ("alibi", "none"), ("t5", "none"),
-                                           ("rope", "rerope"), ("recurrent", "none"), ("learned", "pi")])
+@pytest.mark.parametrize(
+    "scheme,method",
+    [
+        ("rope", "none"),
+        ("rope", "yarn"),
+        ("alibi", "none"),
+        ("t5", "none"),
+        ("rope", "rerope"),
+        ("recurrent", "none"),
+        ("learned", "pi"),
+    ],
+)
 def test_an_unplanned_cache_equals_the_full_forward_where_nothing_depends_on_the_length(scheme, method):
     extra = {"factor": 4.0} if method in ("yarn", "pi") else {}
     torch.manual_seed(0)
@@ -156,7 +170,7 @@ def test_unplanned_two_pass_regroups_its_far_keys_as_the_length_grows():
     with torch.no_grad():
         one(idx[:, :10], cache=cache)
         for n in range(11, T + 1):
-            step = one(idx[:, n - 1:n], cache=cache)
+            step = one(idx[:, n - 1 : n], cache=cache)
             torch.testing.assert_close(step, one(idx[:, :n])[:, -1:], atol=2e-5, rtol=1e-4)
     assert "raw_keys" in cache.layer(0).buffers and "far_keys" not in cache.layer(0).buffers
 
@@ -168,21 +182,26 @@ def test_unplanned_dynamic_ntk_keeps_what_was_written_as_transformers_does(tmp_p
     equal transformers' cached decoding."""
     pytest.importorskip("transformers")
     from test_hf import save_hf
+
     from rope_lm.hf import load_hf
 
-    directory, theirs = save_hf(tmp_path, "llama", max_position_embeddings=16,
-                                rope_parameters={"rope_theta": 10000.0, "rope_type": "dynamic", "factor": 2.0})
+    directory, theirs = save_hf(
+        tmp_path,
+        "llama",
+        max_position_embeddings=16,
+        rope_parameters={"rope_theta": 10000.0, "rope_type": "dynamic", "factor": 2.0},
+    )
     ours, _, _ = load_hf(directory)
     assert ours.scaling.name == "dynamic_ntk"
     idx = torch.randint(0, 300, (1, 30), generator=torch.Generator().manual_seed(3))
     cache = KVCache()
     with torch.no_grad():
         mine = [ours(idx[:, :12], cache=cache)[:, -1]]
-        mine += [ours(idx[:, n:n + 1], cache=cache)[:, -1] for n in range(12, 30)]
+        mine += [ours(idx[:, n : n + 1], cache=cache)[:, -1] for n in range(12, 30)]
         out = theirs(idx[:, :12], use_cache=True)
         past, theirs_logits = out.past_key_values, [out.logits[:, -1]]
         for n in range(12, 30):
-            out = theirs(idx[:, n:n + 1], cache=past, use_cache=True)
+            out = theirs(idx[:, n : n + 1], cache=past, use_cache=True)
             past = out.past_key_values
             theirs_logits.append(out.logits[:, -1])
         full_last = ours(idx)[:, -1]
@@ -215,5 +234,6 @@ def test_positions_are_global_a_sequence_in_slices_equals_one_run():
         m = model(scheme, method)
         idx = tokens(T)
         with torch.no_grad():
-            torch.testing.assert_close(read_in_pieces(m, idx, KVCache(planned_len=T), (7, 7, 7, 7, 7, 5)), m(idx),
-                                       atol=2e-5, rtol=1e-4)
+            torch.testing.assert_close(
+                read_in_pieces(m, idx, KVCache(planned_len=T), (7, 7, 7, 7, 7, 5)), m(idx), atol=2e-5, rtol=1e-4
+            )

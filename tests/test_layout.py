@@ -1,31 +1,31 @@
-"""Per-layer layouts (rope_lm/layout.py, model.layout): each layer its own
+"""Per-layer layouts (rope_lm/model/layout.py, model.layout): each layer its own
 scheme, settings and window, checked against the model's blocks run by hand
 with the schemes and plans each layer should get."""
 
 import os
 import sys
 
+from conftest import ROOT, cli_overrides
 import pytest
 import torch
 import yaml
 
-from conftest import ROOT, cli_overrides
-from rope_lm.attention import AttnPlan
-from rope_lm.errors import ConfigError
-from rope_lm.kv_cache import KVCache
-from rope_lm.layout import layer_specs
-from rope_lm.model import ModelConfig, TransformerLM, check_fit
-from rope_lm.positional import SCHEMES, PosContext, build_scheme
+from rope_lm.core.errors import ConfigError
+from rope_lm.kernels.attention import AttnPlan
+from rope_lm.model.kv_cache import KVCache
+from rope_lm.model.layout import layer_specs
+from rope_lm.model.transformer import ModelConfig, TransformerLM, check_fit
+from rope_lm.positional import SCHEMES, PosContext
 from rope_lm.scaling import build_scaling
-
 from tests import forked
 
 L = 16
 
 
 def config(layout=None, n_layer=4, **extra):
-    return ModelConfig(vocab_size=61, train_len=L, n_layer=n_layer, n_head=4, n_kv_head=2, d_model=32,
-                       layout=layout, **extra)
+    return ModelConfig(
+        vocab_size=61, train_len=L, n_layer=n_layer, n_head=4, n_kv_head=2, d_model=32, layout=layout, **extra
+    )
 
 
 def model(layout, pos=None, scaling=None, seed=0, **extra):
@@ -115,14 +115,17 @@ def test_every_scheme_works_in_a_layout(name):
     idx = tokens(40)
     with torch.no_grad():
         full = m(idx)
-        torch.testing.assert_close(full, by_hand(m, idx, [(scheme, AttnPlan(), None), (rope, AttnPlan(window=8), None)]),
-                                   atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(
+            full, by_hand(m, idx, [(scheme, AttnPlan(), None), (rope, AttnPlan(window=8), None)]), atol=1e-5, rtol=1e-5
+        )
         cache = KVCache(planned_len=40)
         cached = torch.cat([m(idx[:, :17], cache=cache), m(idx[:, 17:18], cache=cache), m(idx[:, 18:], cache=cache)], 1)
     torch.testing.assert_close(cached, full, atol=2e-5, rtol=1e-4)
 
 
-@pytest.mark.parametrize("pos", [{"name": "rope"}, {"name": "alibi"}, {"name": "t5", "num_buckets": 8, "max_distance": 12}])
+@pytest.mark.parametrize(
+    "pos", [{"name": "rope"}, {"name": "alibi"}, {"name": "t5", "num_buckets": 8, "max_distance": 12}]
+)
 def test_sliding_window_layers_equal_the_explicit_kernel(pos):
     layout = {"pattern": [{"window": 5}, {"window": 11}]}
     fast = model(layout, pos=pos)
@@ -140,15 +143,18 @@ def test_a_pattern_repeats_and_is_cut_where_the_layers_end():
     assert len(specs) == 26 and specs[24].window == specs[25].window == 8
 
 
-@pytest.mark.parametrize("layout,message", [
-    ({"layers": ["rope", "nope"]}, "2 entries for model.n_layer=4"),
-    ({"pattern": ["rope"], "layers": ["rope"] * 4}, "sets both"),
-    ({"pattern": [{"window": 0}]}, r"window=0 must be a positive number"),
-    ({"pattern": [{"span": 3}]}, "unknown key"),
-    ({"pattern": [{"scaling": "yes"}]}, "scaling='yes' must be true"),
-    ({"pattern": [{"pos": {"name": "nosuch"}}]}, "nosuch"),
-    ({"shape": 1}, "unknown key"),
-])
+@pytest.mark.parametrize(
+    "layout,message",
+    [
+        ({"layers": ["rope", "nope"]}, "2 entries for model.n_layer=4"),
+        ({"pattern": ["rope"], "layers": ["rope"] * 4}, "sets both"),
+        ({"pattern": [{"window": 0}]}, r"window=0 must be a positive number"),
+        ({"pattern": [{"span": 3}]}, "unknown key"),
+        ({"pattern": [{"scaling": "yes"}]}, "scaling='yes' must be true"),
+        ({"pattern": [{"pos": {"name": "nosuch"}}]}, "nosuch"),
+        ({"shape": 1}, "unknown key"),
+    ],
+)
 def test_bad_layouts_are_one_paragraph(layout, message):
     with pytest.raises(ConfigError, match=message) as info:
         TransformerLM(config(layout), {"name": "rope"}, None)
@@ -162,10 +168,17 @@ def test_presets_build_and_a_layout_run_trains_and_evaluates(tiny_data_options, 
     with open(f"{ROOT}/conf/layout/gemma3.yaml") as f:
         TransformerLM(config(yaml.safe_load(f), n_layer=6), {"name": "rope"}, {"name": "yarn"})
     run = tmp_path / "run"
-    args = [a.replace("model.n_layer=2", "model.n_layer=4")
-            for a in cli_overrides(tiny_data_options, run, **{"trainer.max_steps": 6})]
-    done = forked.run([sys.executable, "train.py", "+layout=nope_every_4", *args],
-                      cwd=ROOT, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": ROOT})
+    args = [
+        a.replace("model.n_layer=2", "model.n_layer=4")
+        for a in cli_overrides(tiny_data_options, run, **{"trainer.max_steps": 6})
+    ]
+    done = forked.run(
+        [sys.executable, "train.py", "+layout=nope_every_4", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": ROOT},
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     with open(run / "results.json") as f:
         results = __import__("json").load(f)
@@ -184,15 +197,21 @@ def test_the_layouts_preset_sets_windows_relative_to_the_training_length():
     arms = sweep["experiment/layout_arm@_global_"].split(",")
     assert {"local_global", "local_global_short"} <= set(arms)
     for L in (64, 256):
-        windows = {arm: [e.get("window") for e in compose(["+experiment=layouts", f"experiment/layout_arm@_global_={arm}",
-                                                            f"data.seq_len={L}"])[0]["model"]["layout"]["pattern"]]
-                   for arm in ("local_global", "local_global_short")}
+        windows = {
+            arm: [
+                e.get("window")
+                for e in compose(["+experiment=layouts", f"experiment/layout_arm@_global_={arm}", f"data.seq_len={L}"])[
+                    0
+                ]["model"]["layout"]["pattern"]
+            ]
+            for arm in ("local_global", "local_global_short")
+        }
         assert windows == {"local_global": [L, L, L, None], "local_global_short": [L // 4] * 3 + [None]}
 
 
 def test_div_refuses_what_is_not_a_length_divided_by_a_whole_number():
     from rope_lm.cli import _div
-    from rope_lm.errors import ConfigError
+    from rope_lm.core.errors import ConfigError
 
     assert _div(64, 4) == 16
     for a, b in ((64, 0), (3, 4), (64.0, 4), ("64", 4)):
@@ -205,23 +224,30 @@ def test_a_trained_layout_model_is_named_as_its_run_names_it():
     does, so a comparison's rows match the run's: rope+nope_every_4, not rope."""
     from types import SimpleNamespace
 
-    from rope_lm.trained import Trained
+    from rope_lm.runs.trained import Trained
 
     layout = {"name": "nope_every_4", "pattern": [None, None, None, {"pos": {"name": "nope"}}]}
-    for model, name in (({"layout": layout}, "rope+nope_every_4"), ({"softmax": {"ssmax": {"init": "auto"}}}, "rope+ssmax"),
-                        ({}, "rope"), (None, "rope")):
+    for model, name in (
+        ({"layout": layout}, "rope+nope_every_4"),
+        ({"softmax": {"ssmax": {"init": "auto"}}}, "rope+ssmax"),
+        ({}, "rope"),
+        (None, "rope"),
+    ):
         lit = SimpleNamespace(hparams={"pos": {"name": "rope", "base": 10000.0}, "model": model})
         assert Trained(lit, "run", "/x/last.ckpt").scheme == name
 
 
 def test_a_run_trained_on_other_position_ids_is_named_as_compare_names_it():
-    from rope_lm.retrieval_compare import retrieval_labels
-    from rope_lm.trained import Trained
     from types import SimpleNamespace
+
+    from rope_lm.compare.retrieval_compare import retrieval_labels
+    from rope_lm.runs.trained import Trained
 
     lit = SimpleNamespace(hparams={"pos": {"name": "rope"}, "model": {}, "train_pos": {"name": "pose", "factor": 16}})
     pose = Trained(lit, "run", "/x/last.ckpt").train_positions
     assert pose == "pose-x16"
-    runs = [{"scheme": "rope", "method": "pi-x32", "train_pos": pose, "run_dir": "a"},
-            {"scheme": "rope", "method": "none", "run_dir": "b"}]  # a retrieval.json from before train_pos was recorded
+    runs = [
+        {"scheme": "rope", "method": "pi-x32", "train_pos": pose, "run_dir": "a"},
+        {"scheme": "rope", "method": "none", "run_dir": "b"},
+    ]  # a retrieval.json from before train_pos was recorded
     assert retrieval_labels(runs) == {"a": "rope [train: pose-x16] + pi-x32", "b": "rope"}

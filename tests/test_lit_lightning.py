@@ -10,7 +10,7 @@ import os
 import lightning as L
 import torch
 
-from rope_lm.lit import LitLM, logged_step
+from rope_lm.train.lit import LitLM, logged_step
 from tests.conftest import TINY_MODEL
 
 
@@ -26,12 +26,27 @@ def test_logged_step_is_the_step_lightning_logs_under(tmp_path):
     torch.manual_seed(0)
     x = torch.randint(0, 64, (24, 17))
     batches = torch.utils.data.DataLoader(list(zip(x[:, :-1], x[:, 1:])), batch_size=4)
-    lit = LitLM(model=TINY_MODEL, pos={"name": "rope"}, scaling={"name": "none"}, optim={"warmup_steps": 1},
-                vocab_size=64, train_len=16, max_steps=5)
+    lit = LitLM(
+        model=TINY_MODEL,
+        pos={"name": "rope"},
+        scaling={"name": "none"},
+        optim={"warmup_steps": 1},
+        vocab_size=64,
+        train_len=16,
+        max_steps=5,
+    )
     steps = Steps()
-    trainer = L.Trainer(max_steps=5, logger=L.pytorch.loggers.CSVLogger(str(tmp_path)), log_every_n_steps=1,
-                        callbacks=[steps], enable_checkpointing=False, enable_progress_bar=False,
-                        enable_model_summary=False, accelerator="cpu", devices=1)
+    trainer = L.Trainer(
+        max_steps=5,
+        logger=L.pytorch.loggers.CSVLogger(str(tmp_path)),
+        log_every_n_steps=1,
+        callbacks=[steps],
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        accelerator="cpu",
+        devices=1,
+    )
     trainer.fit(lit, batches)
     [path] = glob.glob(os.path.join(tmp_path, "**", "metrics.csv"), recursive=True)
     with open(path, newline="") as f:
@@ -43,7 +58,7 @@ def test_logged_step_is_the_step_lightning_logs_under(tmp_path):
 def test_wandb_logger_keeps_its_init_keywords_where_drop_anonymous_reads_them(tmp_path):
     from lightning.pytorch.loggers import WandbLogger
 
-    from rope_lm.loggers import drop_anonymous
+    from rope_lm.train.loggers import drop_anonymous
 
     logger = WandbLogger(save_dir=str(tmp_path), mode="offline")
     assert isinstance(logger._wandb_init, dict) and "anonymous" in logger._wandb_init

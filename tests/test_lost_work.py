@@ -14,19 +14,22 @@ import textwrap
 import pytest
 import torch
 
-from rope_lm.checkpointing import read_checkpoint
-from rope_lm.lit import warmup_cosine
+from rope_lm.train.checkpointing import read_checkpoint
+from rope_lm.train.lit import warmup_cosine
 from tests import forked
 from tests.conftest import ROOT, cli_overrides, write_corpus
 
-FAST = {"trainer.max_steps": 6, "trainer.val_every_n_steps": 3, "trainer.ckpt_every_n_steps": 3,
-        "trainer.log_every_n_steps": 1}
+FAST = {
+    "trainer.max_steps": 6,
+    "trainer.val_every_n_steps": 3,
+    "trainer.ckpt_every_n_steps": 3,
+    "trainer.log_every_n_steps": 1,
+}
 
 
 def train(args, cwd=ROOT, script=None, env=None):
     cmd = [sys.executable, script or os.path.join(ROOT, "train.py"), *args]
-    return forked.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=600,
-                      env={**os.environ, **(env or {})})
+    return forked.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=600, env={**os.environ, **(env or {})})
 
 
 def run_args(data_options, run_dir, **extra):
@@ -46,8 +49,13 @@ def digest(run_dir) -> dict:
     out = {}
     for path in sorted(glob.glob(os.path.join(run_dir, "**", "*"), recursive=True)):
         rel = os.path.relpath(path, run_dir)
-        if os.path.isfile(path) and rel.split(os.sep)[0] in ("results.json", "results.md", "ppl_vs_length.png",
-                                                             "checkpoints", "run.yaml"):
+        if os.path.isfile(path) and rel.split(os.sep)[0] in (
+            "results.json",
+            "results.md",
+            "ppl_vs_length.png",
+            "checkpoints",
+            "run.yaml",
+        ):
             out[rel] = hashlib.sha1(open(path, "rb").read()).hexdigest()
     return out
 
@@ -78,6 +86,7 @@ def finished_run(trained_once, tmp_path):
 
 # --- "train longer" -----------------------------------------------------------------
 
+
 def test_train_longer_extends_a_finished_run(finished_run, tiny_data_options):
     before = results(finished_run)
     assert before["training"]["steps"] == 6 and before["training"]["val_loss"] is not None
@@ -94,7 +103,9 @@ def test_train_longer_extends_a_finished_run(finished_run, tiny_data_options):
     resumed = os.path.join(finished_run, "csv", "version_1", "metrics.csv")
     lrs = [float(row["lr-AdamW/pg1"]) for row in csv.DictReader(open(resumed)) if row.get("lr-AdamW/pg1")]
     optim = before["config"]["optim"]
-    want = [optim["lr"] * warmup_cosine(step, optim["warmup_steps"], 10, optim["min_lr_ratio"]) for step in range(6, 10)]
+    want = [
+        optim["lr"] * warmup_cosine(step, optim["warmup_steps"], 10, optim["min_lr_ratio"]) for step in range(6, 10)
+    ]
     assert len(lrs) == 4 and all(math.isclose(a, b, rel_tol=1e-6) for a, b in zip(lrs, want)), (lrs, want)
 
 
@@ -111,23 +122,25 @@ def test_an_extended_run_that_is_interrupted_resumes_again(finished_run):
     # Stop the extension right after its first new checkpoint (step 9), as a kill would.
     stopper = os.path.join(os.path.dirname(finished_run), "stop_at_9.py")
     with open(stopper, "w") as f:
-        f.write(textwrap.dedent(f"""
+        f.write(
+            textwrap.dedent(f"""
             import os, runpy, signal, sys
             import lightning as L
             class Stop(L.Callback):
                 def on_train_batch_end(self, trainer, *a):
                     if trainer.global_step == 9:
                         os.kill(os.getpid(), signal.SIGTERM)
-            import rope_lm.pipeline as P
+            import rope_lm.runs.pipeline as P
             real = P.trainer_kwargs
             def with_stop(*a, **k):
                 kw = real(*a, **k)
                 kw["callbacks"].append(Stop())
                 return kw
             P.trainer_kwargs = with_stop
-            sys.argv[0] = {os.path.join(ROOT, 'train.py')!r}
+            sys.argv[0] = {os.path.join(ROOT, "train.py")!r}
             runpy.run_path(sys.argv[0], run_name="__main__")
-        """))
+        """)
+        )
     stopped = train([f"resume={finished_run}", "trainer.max_steps=14"], script=stopper)
     assert stopped.returncode != 0 and "Traceback" not in stopped.stderr
     assert results(finished_run)["status"] == "interrupted"
@@ -139,10 +152,19 @@ def test_an_extended_run_that_is_interrupted_resumes_again(finished_run):
 
 # --- one run, one folder --------------------------------------------------------------
 
+
 def test_two_runs_started_together_get_their_own_folders(tiny_data_options, tmp_path):
     args = [a for a in run_args(tiny_data_options, "unused") if not a.startswith("hydra.run.dir")]
-    procs = [forked.start([sys.executable, os.path.join(ROOT, "train.py"), *args, f"seed={s}"], cwd=tmp_path,
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for s in (1, 2)]
+    procs = [
+        forked.start(
+            [sys.executable, os.path.join(ROOT, "train.py"), *args, f"seed={s}"],
+            cwd=tmp_path,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for s in (1, 2)
+    ]
     outs = [p.communicate(timeout=600) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outs[0][1][-2000:] + outs[1][1][-2000:]
     runs = sorted(glob.glob(str(tmp_path / "outputs" / "*" / "*")))
@@ -159,6 +181,7 @@ def test_a_folder_holding_another_run_is_refused(finished_run, tiny_data_options
 
 
 # --- the checkpoint's corpus and tokenizer ------------------------------------------------
+
 
 def test_resuming_on_a_changed_corpus_is_refused(tiny_data_options, tmp_path):
     corpus = write_corpus(tmp_path / "corpus")
@@ -189,26 +212,42 @@ def test_a_finetune_with_another_tokenizer_is_refused(finished_run, tiny_data_op
 
 # --- evaluation beside training ---------------------------------------------------------
 
+
 def test_evaluation_writes_its_own_folder_and_keeps_results(finished_run):
     before = digest(finished_run)
     script = os.path.join(ROOT, "scripts", "eval_extrapolation.py")
     for n in (1, 2):
-        done = forked.run([sys.executable, script, f"ckpt={finished_run}", "eval.token_budget=256",
-                           "eval.multipliers=[1,2]"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+        done = forked.run(
+            [sys.executable, script, f"ckpt={finished_run}", "eval.token_budget=256", "eval.multipliers=[1,2]"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         assert done.returncode == 0, done.stderr[-3000:]
     assert digest(finished_run) == before  # the training run's own files are untouched
     assert results(os.path.join(finished_run, "eval", "none"))["results"]
     assert results(os.path.join(finished_run, "eval", "none-2"))["results"]
-    refused = forked.run([sys.executable, script, f"ckpt={finished_run}", f"out={finished_run}"], cwd=ROOT,
-                         capture_output=True, text=True, timeout=600)
+    refused = forked.run(
+        [sys.executable, script, f"ckpt={finished_run}", f"out={finished_run}"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     message = one_paragraph(refused, 2)
     assert f"out={finished_run} already holds results" in message
     assert digest(finished_run) == before
 
 
-@pytest.mark.parametrize("content,pattern", [(b"", "is empty (0 bytes)"),
-                                              (b"not a checkpoint at all\n" * 10, "is not a checkpoint"),
-                                              (None, "is a torch file but not a rope-lm checkpoint")])
+@pytest.mark.parametrize(
+    "content,pattern",
+    [
+        (b"", "is empty (0 bytes)"),
+        (b"not a checkpoint at all\n" * 10, "is not a checkpoint"),
+        (None, "is a torch file but not a rope-lm checkpoint"),
+    ],
+)
 def test_evaluating_something_that_is_not_a_checkpoint(tmp_path, content, pattern):
     path = tmp_path / "model.ckpt"
     if content is None:
@@ -216,12 +255,12 @@ def test_evaluating_something_that_is_not_a_checkpoint(tmp_path, content, patter
     else:
         path.write_bytes(content)
     script = os.path.join(ROOT, "scripts", "eval_extrapolation.py")
-    done = forked.run([sys.executable, script, f"ckpt={path}"], cwd=ROOT, capture_output=True, text=True,
-                      timeout=600)
+    done = forked.run([sys.executable, script, f"ckpt={path}"], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert pattern in one_paragraph(done, 2)
 
 
 # --- sweeps -------------------------------------------------------------------------------
+
 
 def test_one_bad_job_does_not_end_a_sweep(tiny_data_options, tmp_path):
     sweep = tmp_path / "sweep"
@@ -235,27 +274,38 @@ def test_one_bad_job_does_not_end_a_sweep(tiny_data_options, tmp_path):
     assert [j["status"] for j in jobs] == ["failed", "complete"]
     assert results(jobs[1]["output_dir"])["status"] == "complete"  # the job after the failure ran
     assert results(jobs[0]["output_dir"])["status"] == "failed"
-    compared = forked.run([sys.executable, os.path.join(ROOT, "scripts", "compare.py"), f"path={sweep}"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=600)
+    compared = forked.run(
+        [sys.executable, os.path.join(ROOT, "scripts", "compare.py"), f"path={sweep}"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert compared.returncode == 0, compared.stderr[-2000:]
     assert "FAILED: `" in compared.stdout and "is not divisible" in compared.stdout
 
 
 # --- the disk -----------------------------------------------------------------------------
 
+
 def _inject(tmp_path, code: str) -> str:
     path = tmp_path / "inject.py"
-    path.write_text(textwrap.dedent(code) + textwrap.dedent(f"""
+    path.write_text(
+        textwrap.dedent(code)
+        + textwrap.dedent(f"""
         import runpy, sys
-        sys.argv[0] = {os.path.join(ROOT, 'train.py')!r}
+        sys.argv[0] = {os.path.join(ROOT, "train.py")!r}
         runpy.run_path(sys.argv[0], run_name="__main__")
-    """))
+    """)
+    )
     return str(path)
 
 
 def test_a_full_disk_while_checkpointing(tiny_data_options, tmp_path):
     # The third checkpoint write (step 6) meets a full disk, as torch reports it.
-    script = _inject(tmp_path, """
+    script = _inject(
+        tmp_path,
+        """
         import torch
         real, calls = torch.save, []
         def save(obj, f, *a, **k):
@@ -265,7 +315,8 @@ def test_a_full_disk_while_checkpointing(tiny_data_options, tmp_path):
                 raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 4416 vs 4310")
             return real(obj, f, *a, **k)
         torch.save = save
-    """)
+    """,
+    )
     run_dir = tmp_path / "run"
     message = one_paragraph(train(run_args(tiny_data_options, run_dir), script=script), 1)
     assert "Could not write" in message and "the disk is full" in message and "is untouched" in message
@@ -276,7 +327,9 @@ def test_a_full_disk_while_checkpointing(tiny_data_options, tmp_path):
 
 def test_an_output_folder_that_becomes_unwritable(tiny_data_options, tmp_path):
     # Training and its checkpoints succeed; writing the results then meets a permission error.
-    script = _inject(tmp_path, """
+    script = _inject(
+        tmp_path,
+        """
         import errno, tempfile
         real = tempfile.mkstemp
         def mkstemp(*a, **k):
@@ -284,21 +337,28 @@ def test_an_output_folder_that_becomes_unwritable(tiny_data_options, tmp_path):
                 raise PermissionError(errno.EACCES, "Permission denied")
             return real(*a, **k)
         tempfile.mkstemp = mkstemp
-    """)
+    """,
+    )
     run_dir = tmp_path / "run"
     message = one_paragraph(train(run_args(tiny_data_options, run_dir), script=script), 1)
-    assert "Could not write" in message and "results.json" in message and "is not writable (Permission denied)" in message
+    assert (
+        "Could not write" in message and "results.json" in message and "is not writable (Permission denied)" in message
+    )
     assert read_checkpoint(str(run_dir / "checkpoints" / "last.ckpt"))["global_step"] == 6
 
 
 # --- types and records ---------------------------------------------------------------------
 
-@pytest.mark.parametrize("override,pattern", [
-    ("data.seq_len=abc", "data.seq_len='abc' has the wrong type: it must be an integer"),
-    ("trainer.gradient_clip_val=lots", "trainer.gradient_clip_val='lots' has the wrong type"),
-    ("eval.batch_tokens=0", "eval.batch_tokens=0 must be a positive integer"),
-    ("pos.base=ten", "pos.base='ten' has the wrong type: it must be a number"),
-])
+
+@pytest.mark.parametrize(
+    "override,pattern",
+    [
+        ("data.seq_len=abc", "data.seq_len='abc' has the wrong type: it must be an integer"),
+        ("trainer.gradient_clip_val=lots", "trainer.gradient_clip_val='lots' has the wrong type"),
+        ("eval.batch_tokens=0", "eval.batch_tokens=0 must be a positive integer"),
+        ("pos.base=ten", "pos.base='ten' has the wrong type: it must be a number"),
+    ],
+)
 def test_wrong_types_on_the_command_line(tiny_data_options, tmp_path, override, pattern):
     options = {**tiny_data_options, "cache_dir": str(tmp_path / "cache")}
     args = [a for a in run_args(options, tmp_path / "run") if not a.startswith(override.split("=")[0] + "=")]
@@ -323,4 +383,5 @@ def test_bad_records_are_refused_or_skipped_and_counted(tiny_data_options, tmp_p
     log = done.stdout + done.stderr  # Hydra's job logging writes to stdout
     assert "Skipped 2 bad record(s)" in log and "line 7, line 14" in log
     assert results(tmp_path / "run2")["corpus"]["documents"]["train"] + sum(
-        results(tmp_path / "run2")["corpus"]["documents"][s] for s in ("valid", "test")) == len(good)
+        results(tmp_path / "run2")["corpus"]["documents"][s] for s in ("valid", "test")
+    ) == len(good)

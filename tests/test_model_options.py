@@ -3,20 +3,28 @@ original model untouched, and every option computes what it says."""
 
 import hashlib
 
+from conftest import ROOT
 import pytest
 import torch
 import torch.nn.functional as F
 import yaml
 
-from conftest import ROOT
-from rope_lm.errors import ConfigError
-from rope_lm.model import build_model
+from rope_lm.core.errors import ConfigError
+from rope_lm.model.transformer import build_model
 from rope_lm.positional import SCHEMES
 from rope_lm.scaling import METHODS
 
 BASE = {"n_layer": 2, "n_head": 4, "d_model": 64, "mlp_ratio": 2.0}
-LLAMA = {**BASE, "mlp": "swiglu", "mlp_hidden": 96, "n_kv_head": 2, "head_dim": 24, "norm_eps": 1e-5,
-         "qkv_bias": True, "tie_embeddings": False}
+LLAMA = {
+    **BASE,
+    "mlp": "swiglu",
+    "mlp_hidden": 96,
+    "n_kv_head": 2,
+    "head_dim": 24,
+    "norm_eps": 1e-5,
+    "qkv_bias": True,
+    "tie_embeddings": False,
+}
 
 
 def weights_digest(model_cfg, pos, seed=0):
@@ -33,12 +41,18 @@ def weights_digest(model_cfg, pos, seed=0):
 # sha256 of (name, shape, bytes) of every state_dict entry after
 # torch.manual_seed(0), computed with the model code before these options
 # existed (commit c5ccf26): same names, shapes, init order and values.
-@pytest.mark.parametrize("model_cfg,pos,digest", [
-    (BASE, "rope", "ee06a190a341900b58c06f8aab967d7ef69ed029463b8ab58b0dcdaf146db41f"),
-    (BASE, "learned", "5b2acf2be5746a5c4409ba4fb3ca8303b4e681ddee38c325f4c44b6b26bb8bbc"),
-    ({**BASE, "bias": True, "tie_embeddings": False}, "rope",
-     "2a9ba0c9182eab0de3627064331f67572d88afe141524a5f4d3a68fa5772171c"),
-])
+@pytest.mark.parametrize(
+    "model_cfg,pos,digest",
+    [
+        (BASE, "rope", "ee06a190a341900b58c06f8aab967d7ef69ed029463b8ab58b0dcdaf146db41f"),
+        (BASE, "learned", "5b2acf2be5746a5c4409ba4fb3ca8303b4e681ddee38c325f4c44b6b26bb8bbc"),
+        (
+            {**BASE, "bias": True, "tie_embeddings": False},
+            "rope",
+            "2a9ba0c9182eab0de3627064331f67572d88afe141524a5f4d3a68fa5772171c",
+        ),
+    ],
+)
 def test_default_models_are_bit_identical_to_before_the_options(model_cfg, pos, digest):
     assert weights_digest(model_cfg, {"name": pos}) == digest
 
@@ -82,19 +96,19 @@ def test_swiglu_and_attention_by_hand():
     h = rms(x, blk.norm1.weight)
     qkv = h @ blk.attn.qkv.weight.t() + blk.attn.qkv.bias
     q = qkv[..., : H * D].view(2, T, H, D)
-    k = qkv[..., H * D: (H + Hkv) * D].view(2, T, Hkv, D)
-    v = qkv[..., (H + Hkv) * D:].view(2, T, Hkv, D)
+    k = qkv[..., H * D : (H + Hkv) * D].view(2, T, Hkv, D)
+    v = qkv[..., (H + Hkv) * D :].view(2, T, Hkv, D)
     inv = 1.0 / 10000 ** (torch.arange(0, D, 2).double() / D)
     ang = (torch.arange(T).double()[:, None] * inv[None]).float()
     cos, sin = torch.cat([ang.cos()] * 2, -1)[:, None], torch.cat([ang.sin()] * 2, -1)[:, None]
 
     def rot(t):
-        return t * cos + torch.cat([-t[..., D // 2:], t[..., : D // 2]], -1) * sin
+        return t * cos + torch.cat([-t[..., D // 2 :], t[..., : D // 2]], -1) * sin
 
     q, k = rot(q), rot(k)
     out = torch.zeros(2, T, H, D)
     for head in range(H):
-        s = torch.einsum("btd,bsd->bts", q[:, :, head], k[:, :, head // 2]) / D ** 0.5
+        s = torch.einsum("btd,bsd->bts", q[:, :, head], k[:, :, head // 2]) / D**0.5
         s = s.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
         out[:, :, head] = s.softmax(-1) @ v[:, :, head // 2]
     x = x + out.reshape(2, T, H * D) @ blk.attn.proj.weight.t()
@@ -136,8 +150,9 @@ def test_every_scheme_and_method_with_gqa_equals_the_same_model_with_repeated_he
         H, Hkv, D = 4, 2, 24
         for key in [k for k in state if k.endswith("attn.qkv.weight") or k.endswith("attn.qkv.bias")]:
             q, k, v = state[key].split((H * D, Hkv * D, Hkv * D))
-            rep = [t.view(Hkv, D, *t.shape[1:]).repeat_interleave(H // Hkv, 0).reshape(H * D, *t.shape[1:])
-                   for t in (k, v)]
+            rep = [
+                t.view(Hkv, D, *t.shape[1:]).repeat_interleave(H // Hkv, 0).reshape(H * D, *t.shape[1:]) for t in (k, v)
+            ]
             state[key] = torch.cat([q, *rep])
         full.load_state_dict(state)
         idx = torch.randint(0, 300, (1, 40))
@@ -147,14 +162,17 @@ def test_every_scheme_and_method_with_gqa_equals_the_same_model_with_repeated_he
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4, msg=lambda m: f"{scheme}/{method}: {m}")
 
 
-@pytest.mark.parametrize("change,message", [
-    ({"mlp": "relu"}, r"model.mlp='relu'"),
-    ({"n_kv_head": 3}, r"n_kv_head=3 must divide model.n_head=4"),
-    ({"n_kv_head": 0}, r"n_kv_head=0 must be a positive integer"),
-    ({"head_dim": 2.5}, r"head_dim=2.5 must be a positive integer"),
-    ({"norm_eps": -1.0}, r"norm_eps=-1.0 must be a positive"),
-    ({"d_model": 66, "head_dim": None}, r"not divisible by model.n_head"),
-])
+@pytest.mark.parametrize(
+    "change,message",
+    [
+        ({"mlp": "relu"}, r"model.mlp='relu'"),
+        ({"n_kv_head": 3}, r"n_kv_head=3 must divide model.n_head=4"),
+        ({"n_kv_head": 0}, r"n_kv_head=0 must be a positive integer"),
+        ({"head_dim": 2.5}, r"head_dim=2.5 must be a positive integer"),
+        ({"norm_eps": -1.0}, r"norm_eps=-1.0 must be a positive"),
+        ({"d_model": 66, "head_dim": None}, r"not divisible by model.n_head"),
+    ],
+)
 def test_bad_options_are_refused(change, message):
     with pytest.raises(ConfigError, match=message):
         build_model({**LLAMA, **change}, {"name": "rope"}, None, vocab_size=300, train_len=16)

@@ -8,7 +8,7 @@ import pytest
 import torch
 import yaml
 
-from rope_lm.lit import OptimConfig, build_optimizer
+from rope_lm.train.lit import OptimConfig, build_optimizer
 
 
 def steps(fused):
@@ -34,8 +34,8 @@ def test_fused_on_cpu_only_when_asked_and_the_same_update():
 
 
 def test_fused_setting_is_checked():
-    from rope_lm.config import typed_dataclass
-    from rope_lm.errors import ConfigError
+    from rope_lm.core.errors import ConfigError
+    from rope_lm.core.typed import typed_dataclass
 
     with pytest.raises(ConfigError, match="optim.fused"):
         typed_dataclass(OptimConfig, {"fused": "yes"}, "optim.", "optim")
@@ -57,17 +57,24 @@ def test_lit_takes_the_typed_settings_and_checkpoints_keep_a_dict(tmp_path):
     and loads back to the same settings."""
     import lightning as L
 
-    from rope_lm.checkpointing import load_checkpoint
-    from rope_lm.lit import LitLM
+    from rope_lm.train.checkpointing import load_checkpoint
+    from rope_lm.train.lit import LitLM
     from tests.conftest import TINY_MODEL
 
     typed = OptimConfig(lr=5e-4, warmup_steps=3, beta2=0.99)
-    common = dict(model=TINY_MODEL, pos={"name": "rope"}, scaling={"name": "none"}, vocab_size=64, train_len=16,
-                  max_steps=4)
+    common = dict(
+        model=TINY_MODEL, pos={"name": "rope"}, scaling={"name": "none"}, vocab_size=64, train_len=16, max_steps=4
+    )
     lit = LitLM(optim=typed, **common)
     assert lit.optim is typed and lit.hparams["optim"] == dataclasses.asdict(typed)
-    trainer = L.Trainer(max_steps=0, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                        enable_model_summary=False, accelerator="cpu")
+    trainer = L.Trainer(
+        max_steps=0,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        accelerator="cpu",
+    )
     trainer.strategy.connect(lit)
     path = str(tmp_path / "x.ckpt")
     trainer.save_checkpoint(path)
@@ -77,16 +84,22 @@ def test_lit_takes_the_typed_settings_and_checkpoints_keep_a_dict(tmp_path):
     assert LitLM(optim={"lr": 5e-4}, **common).optim == OptimConfig(lr=5e-4)
 
 
-
 def test_a_learned_run_from_before_the_table_left_weight_decay_resumes_with_its_own_groups():
     """A checkpoint whose optimizer state has the old groups (the learned table decaying with the
     other matrices) resumes with those groups, so its saved state loads; a new run keeps the table
     out of weight decay."""
-    from rope_lm.lit import LitLM, decay_group_sizes
+    from rope_lm.train.lit import LitLM, decay_group_sizes
     from tests.conftest import TINY_MODEL
 
-    lit = LitLM(model=TINY_MODEL, pos={"name": "learned"}, scaling={"name": "none"}, optim={}, vocab_size=64,
-                train_len=16, max_steps=4)
+    lit = LitLM(
+        model=TINY_MODEL,
+        pos={"name": "learned"},
+        scaling={"name": "none"},
+        optim={},
+        vocab_size=64,
+        train_len=16,
+        max_steps=4,
+    )
     old, new = decay_group_sizes(lit.model, False), decay_group_sizes(lit.model, True)
     assert old != new  # the table moved from the decayed group to the other
     before, _ = build_optimizer(lit.model, OptimConfig(), 4, honour_listed=False)
@@ -94,8 +107,15 @@ def test_a_learned_run_from_before_the_table_left_weight_decay_resumes_with_its_
     resumed = lit.configure_optimizers()["optimizer"]
     assert [len(g["params"]) for g in resumed.param_groups] == old
     resumed.load_state_dict(before.state_dict())  # what Lightning does next: no group mismatch
-    fresh = LitLM(model=TINY_MODEL, pos={"name": "learned"}, scaling={"name": "none"}, optim={}, vocab_size=64,
-                  train_len=16, max_steps=4)
+    fresh = LitLM(
+        model=TINY_MODEL,
+        pos={"name": "learned"},
+        scaling={"name": "none"},
+        optim={},
+        vocab_size=64,
+        train_len=16,
+        max_steps=4,
+    )
     assert [len(g["params"]) for g in fresh.configure_optimizers()["optimizer"].param_groups] == new
 
 
@@ -108,7 +128,9 @@ class GradNorms(__import__("lightning").Callback):
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         grads = [p.grad for p in pl_module.parameters() if p.grad is not None]
-        self.norms.append(float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.float()) for g in grads]))))
+        self.norms.append(
+            float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.float()) for g in grads])))
+        )
 
 
 def test_fused_adamw_trains_under_bf16_mixed_with_gradient_clipping(tmp_path):
@@ -118,18 +140,34 @@ def test_fused_adamw_trains_under_bf16_mixed_with_gradient_clipping(tmp_path):
     here on CPU, where fused AdamW and bf16 autocast run too."""
     import lightning as L
 
-    from rope_lm.lit import LitLM
+    from rope_lm.train.lit import LitLM
     from tests.conftest import TINY_MODEL
 
     torch.manual_seed(0)
     x = torch.randint(0, 64, (24, 17))
     batches = torch.utils.data.DataLoader(list(zip(x[:, :-1], x[:, 1:])), batch_size=4)
-    lit = LitLM(model=TINY_MODEL, pos={"name": "rope"}, scaling={"name": "none"},
-                optim={"warmup_steps": 0, "lr": 0.5, "fused": True}, vocab_size=64, train_len=16, max_steps=4)
+    lit = LitLM(
+        model=TINY_MODEL,
+        pos={"name": "rope"},
+        scaling={"name": "none"},
+        optim={"warmup_steps": 0, "lr": 0.5, "fused": True},
+        vocab_size=64,
+        train_len=16,
+        max_steps=4,
+    )
     norms = GradNorms()
-    trainer = L.Trainer(max_steps=4, precision="bf16-mixed", gradient_clip_val=0.01, logger=False,
-                        callbacks=[norms], enable_checkpointing=False, enable_progress_bar=False,
-                        enable_model_summary=False, accelerator="cpu", devices=1)
+    trainer = L.Trainer(
+        max_steps=4,
+        precision="bf16-mixed",
+        gradient_clip_val=0.01,
+        logger=False,
+        callbacks=[norms],
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        accelerator="cpu",
+        devices=1,
+    )
     trainer.fit(lit, batches)
     assert lit.trainer.optimizers[0].defaults["fused"] is True
     assert len(norms.norms) == 4 and all(n <= 0.01 * (1 + 1e-3) for n in norms.norms), norms.norms

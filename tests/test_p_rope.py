@@ -5,9 +5,9 @@ keep rotating and the lowest are zeroed, which is not GPT-NeoX's partial rotary
 import pytest
 import torch
 
-from rope_lm.errors import ConfigError
+from rope_lm.core.errors import ConfigError
 from rope_lm.hf.config import hf_config
-from rope_lm.model import ModelConfig, TransformerLM
+from rope_lm.model.transformer import ModelConfig, TransformerLM
 from rope_lm.positional import Dims, PosContext, build_scheme
 from rope_lm.scaling import build_scaling
 

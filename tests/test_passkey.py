@@ -7,9 +7,9 @@ import os
 import pytest
 import torch
 
-from rope_lm import passkey as P
-from rope_lm.corpus import SourceConfig, load_documents
-from rope_lm.errors import ConfigError
+from rope_lm.core.errors import ConfigError
+from rope_lm.data.corpus import SourceConfig, load_documents
+from rope_lm.probes import passkey as P
 from tests.scripted import SequenceModel
 from tests.test_diagnostics import run_script, save_tiny_checkpoint
 
@@ -55,8 +55,18 @@ def test_bad_prompt_settings(tokenizer):
     assert P.min_length(tokenizer) <= 120 < P.min_length(tokenizer) + 120
 
 
-@pytest.mark.parametrize("text, answer", [(" 71432.", "71432"), ("71432 is it", "71432"), (" 7143 2", "7143"),
-                                          (" 714321", "714321"), (" the key", None), ("", None), (" x9y", "9")])
+@pytest.mark.parametrize(
+    "text, answer",
+    [
+        (" 71432.", "71432"),
+        ("71432 is it", "71432"),
+        (" 7143 2", "7143"),
+        (" 714321", "714321"),
+        (" the key", None),
+        ("", None),
+        (" x9y", "9"),
+    ],
+)
 def test_parse_answer(text, answer):
     assert P.parse_answer(text) == answer
 
@@ -99,16 +109,27 @@ def test_accuracy_of_oracle_and_wrong_model(tokenizer):
 
 
 def test_passkey_corpus_source(tiny_corpus):
-    cfg = SourceConfig(source="passkey", valid_fraction=0.2, test_fraction=0.2,
-                       extra={"base": "none", "examples": 10, "max_filler": 3, "seed": 7})
+    cfg = SourceConfig(
+        source="passkey",
+        valid_fraction=0.2,
+        test_fraction=0.2,
+        extra={"base": "none", "examples": 10, "max_filler": 3, "seed": 7},
+    )
     docs = load_documents(cfg)
     assert {s: len(d) for s, d in docs.items()} == {"train": 10, "valid": 2, "test": 2}
     assert load_documents(cfg) == docs  # deterministic
     for doc in docs["train"]:
         answer = P.parse_answer(doc.rsplit(P.QUESTION, 1)[1])
         assert P.KEY_SENTENCE.format(key=answer).strip() in doc
-    mixed = load_documents(SourceConfig(source="passkey", path=None, valid_fraction=0.2, test_fraction=0.2,
-                                        extra={"base": tiny_corpus, "examples": 20}))
+    mixed = load_documents(
+        SourceConfig(
+            source="passkey",
+            path=None,
+            valid_fraction=0.2,
+            test_fraction=0.2,
+            extra={"base": tiny_corpus, "examples": 20},
+        )
+    )
     assert sum(P.QUESTION in d for d in mixed["train"]) == 20 and sum(P.QUESTION not in d for d in mixed["train"]) > 0
     assert P.QUESTION not in mixed["train"][0]  # interleaved, not appended as a block
     with pytest.raises(ConfigError, match="data.extra.bogus"):
@@ -118,10 +139,12 @@ def test_passkey_corpus_source(tiny_corpus):
 
 
 def test_passkey_script(tiny_cache, tiny_data_options, tmp_path):
-    ckpt = save_tiny_checkpoint(str(tmp_path / "run" / "checkpoints" / "last.ckpt"), tiny_cache, tiny_data_options,
-                                train_len=128)
-    done = run_script("passkey.py", f"ckpt={tmp_path / 'run'}", "multipliers=[1,2]", "depths=[0,1]", "samples=2",
-                      cwd=tmp_path)
+    ckpt = save_tiny_checkpoint(
+        str(tmp_path / "run" / "checkpoints" / "last.ckpt"), tiny_cache, tiny_data_options, train_len=128
+    )
+    done = run_script(
+        "passkey.py", f"ckpt={tmp_path / 'run'}", "multipliers=[1,2]", "depths=[0,1]", "samples=2", cwd=tmp_path
+    )
     # Per-cell progress as eval_extrapolation.py logs: `[rope_lm] ...` on stderr; stdout holds the table alone.
     assert "[rope_lm] passkey length 128 depth 0: accuracy" in done.stderr
     assert "passkey length" not in done.stdout and "HYDRA" not in done.stdout + done.stderr

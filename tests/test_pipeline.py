@@ -4,7 +4,7 @@ import json
 import logging
 import os
 
-from rope_lm.pipeline import train_and_evaluate
+from rope_lm.runs.pipeline import train_and_evaluate
 
 
 def test_tiny_train_and_eval_writes_results(tiny_config, tmp_path, caplog):
@@ -39,7 +39,7 @@ def test_fractional_multipliers_as_the_pe_extrapolation_preset_uses(tiny_config,
 def test_a_crash_during_evaluation_is_not_reported_as_complete(tiny_config, tmp_path, monkeypatch):
     import pytest
 
-    import rope_lm.evaluation as evaluation
+    import rope_lm.eval.evaluation as evaluation
 
     real = evaluation.token_losses
 

@@ -7,18 +7,20 @@ import sys
 
 import pytest
 
-from rope_lm import published as P
-from rope_lm.errors import ConfigError
-from rope_lm.compare import compare
-from rope_lm.task_compare import compare_tasks
+from rope_lm.compare import published as P
+from rope_lm.compare.ppl import compare
+from rope_lm.compare.task_compare import compare_tasks
+from rope_lm.core.errors import ConfigError
 from tests import forked
 from tests.conftest import ROOT
 from tests.test_compare import write_run
 
 # PPL at L = 64, 128, 256, 1024: alibi flat, rope mild then steep, sinusoidal steep at once.
-PPL = {"alibi": {64: 20.0, 128: 19.6, 256: 19.4, 1024: 19.0},
-       "rope": {64: 20.0, 128: 21.4, 256: 30.0, 1024: 54.0},
-       "sinusoidal": {64: 20.0, 128: 44.0, 256: 90.0, 1024: 300.0}}
+PPL = {
+    "alibi": {64: 20.0, 128: 19.6, 256: 19.4, 1024: 19.0},
+    "rope": {64: 20.0, 128: 21.4, 256: 30.0, 1024: 54.0},
+    "sinusoidal": {64: 20.0, 128: 44.0, 256: 90.0, 1024: 300.0},
+}
 
 
 def sweep(tmp_path, ppl=PPL, seed_noise=None):
@@ -60,16 +62,29 @@ def test_order_rule_needs_intervals_and_seed_average(tmp_path):
 
 
 def point(scheme, ppl, lo, hi, method="none", length=128, train_len=64, seed=0):
-    return {"scheme": scheme, "method": method, "label": f"{scheme}+{method}", "seed": seed, "train_len": train_len,
-            "length": length, "ratio": length / train_len, "ppl": ppl, "ppl_lo": lo, "ppl_hi": hi}
+    return {
+        "scheme": scheme,
+        "method": method,
+        "label": f"{scheme}+{method}",
+        "seed": seed,
+        "train_len": train_len,
+        "length": length,
+        "ratio": length / train_len,
+        "ppl": ppl,
+        "ppl_lo": lo,
+        "ppl_hi": hi,
+    }
 
 
-@pytest.mark.parametrize("a, b, verdict", [
-    ((20.0, 19.0, 21.0), (21.5, 20.5, 22.5), P.TIED),          # in order, intervals overlap
-    ((20.0, 19.0, 21.0), (25.0, 24.0, 26.0), P.MATCHED),       # in order, apart
-    ((25.0, 24.0, 26.0), (20.0, 19.0, 21.0), P.NOT_MATCHED),   # reversed, apart
-    ((21.5, 20.5, 22.5), (20.0, 19.0, 21.0), P.TIED),          # reversed within the intervals
-])
+@pytest.mark.parametrize(
+    "a, b, verdict",
+    [
+        ((20.0, 19.0, 21.0), (21.5, 20.5, 22.5), P.TIED),  # in order, intervals overlap
+        ((20.0, 19.0, 21.0), (25.0, 24.0, 26.0), P.MATCHED),  # in order, apart
+        ((25.0, 24.0, 26.0), (20.0, 19.0, 21.0), P.NOT_MATCHED),  # reversed, apart
+        ((21.5, 20.5, 22.5), (20.0, 19.0, 21.0), P.TIED),  # reversed within the intervals
+    ],
+)
 def test_noise_decides_ties(a, b, verdict):
     c = claim(rule="ppl_order", metric="ppl", multiplier=2, order=["alibi", "rope"])
     v = P.ppl_order(c, [point("alibi", *a), point("rope", *b)])
@@ -81,8 +96,9 @@ def test_noise_decides_ties(a, b, verdict):
 
 def test_seed_spread_is_the_band_where_runs_have_no_interval():
     c = claim(rule="ppl_order", metric="ppl", multiplier=2, order=["alibi", "rope"])
-    rows = [dict(point("alibi", x, None, None, seed=s), label=f"alibi {s}") for s, x in enumerate((20.0, 22.0))] + \
-           [dict(point("rope", x, None, None, seed=s), label=f"rope {s}") for s, x in enumerate((21.0, 23.0))]
+    rows = [dict(point("alibi", x, None, None, seed=s), label=f"alibi {s}") for s, x in enumerate((20.0, 22.0))] + [
+        dict(point("rope", x, None, None, seed=s), label=f"rope {s}") for s, x in enumerate((21.0, 23.0))
+    ]
     assert P.ppl_order(c, rows).verdict == P.TIED
     far = [dict(r, ppl=r["ppl"] + 10) if r["scheme"] == "rope" else r for r in rows]
     assert P.ppl_order(c, far).verdict == P.MATCHED
@@ -111,16 +127,30 @@ def test_rules_read_compare_csv_like_run_folders(tmp_path):
 
 
 def task_run(directory, task, scheme, beyond):
-    buckets = [{"label": "1-3", "sizes": [1, 3], "inside": True, "accuracy": 1.0, "n": 10},
-               {"label": "4-6", "sizes": [4, 6], "inside": False, "accuracy": beyond[0], "n": 10},
-               {"label": "7-9", "sizes": [7, 9], "inside": False, "accuracy": beyond[1], "n": 30}]
+    buckets = [
+        {"label": "1-3", "sizes": [1, 3], "inside": True, "accuracy": 1.0, "n": 10},
+        {"label": "4-6", "sizes": [4, 6], "inside": False, "accuracy": beyond[0], "n": 10},
+        {"label": "7-9", "sizes": [7, 9], "inside": False, "accuracy": beyond[1], "n": 30},
+    ]
     for b in buckets:
         b.update(accuracy_lo=b["accuracy"], accuracy_hi=b["accuracy"], max_tokens=10)
     acc = (beyond[0] * 10 + beyond[1] * 30) / 40
     os.makedirs(directory, exist_ok=True)
     with open(os.path.join(directory, "task_results.json"), "w") as f:
-        json.dump({"kind": "task", "task": task, "scheme": scheme, "method": "none", "seed": 0, "train_sizes": [1, 3], "test_max": 9,
-                   "buckets": buckets, "beyond": {"accuracy": acc}}, f)
+        json.dump(
+            {
+                "kind": "task",
+                "task": task,
+                "scheme": scheme,
+                "method": "none",
+                "seed": 0,
+                "train_sizes": [1, 3],
+                "test_max": 9,
+                "buckets": buckets,
+                "beyond": {"accuracy": acc},
+            },
+            f,
+        )
 
 
 def test_task_mrr_from_runs_and_from_csv(tmp_path):
@@ -135,8 +165,10 @@ def test_task_mrr_from_runs_and_from_csv(tmp_path):
     c = claim(rule="task_mrr", above=["nope"], below=["rope", "sinusoidal"])
     v = P.task_mrr(c, P.task_rows([str(root)]))
     # nope (1 + 1/2) / 2, rope (1/2 + 1) / 2, sinusoidal (1/2 + 1/2) / 2: nope is not above rope
-    assert (v.ours, v.verdict) == ("nope 0.75 > rope 0.75 > sinusoidal 0.50 (mean reciprocal rank over 2 tasks)",
-                                   P.NOT_MATCHED)
+    assert (v.ours, v.verdict) == (
+        "nope 0.75 > rope 0.75 > sinusoidal 0.50 (mean reciprocal rank over 2 tasks)",
+        P.NOT_MATCHED,
+    )
     out = str(tmp_path / "cmp")
     compare_tasks([str(root)], out)
     assert P.task_mrr(c, P.task_rows([out])).ours == v.ours
@@ -148,19 +180,37 @@ def test_task_mrr_from_runs_and_from_csv(tmp_path):
 def test_mrr_of_the_committed_task_study():
     rows = P.task_rows([os.path.join(ROOT, "docs/results/length_generalization_4000")])
     c = claim(rule="task_mrr", above=["nope", "t5"], below=["alibi", "rope"], extra=["learned"])
-    assert P.task_mrr(c, rows).ours == "nope 0.69 > t5 0.64 > alibi 0.59 > rope 0.57 > learned 0.42 " \
-                                        "(mean reciprocal rank over 6 tasks)"
+    assert (
+        P.task_mrr(c, rows).ours == "nope 0.69 > t5 0.64 > alibi 0.59 > rope 0.57 > learned 0.42 "
+        "(mean reciprocal rank over 6 tasks)"
+    )
 
 
 def test_script_prints_and_writes_the_table(tmp_path):
     folder = sweep(tmp_path)
     env = {**os.environ, "PYTHONPATH": ROOT}
-    done = forked.run([sys.executable, os.path.join(ROOT, "scripts", "check_published.py"),
-                       f"studies.pe_extrapolation=[{folder}]", f"studies.pe_with_window_control=[{folder}]",
-                       "studies.rope_scaling=[]", "studies.real_model=[]", "studies.real_model_retrieval=[]",
-                       "studies.train_positions=[]", "studies.search_longrope=[]", "studies.rope_base=[]", "studies.layouts=[]",
-                       f"studies.length_generalization=[{tmp_path / 'none'}]", f"out={tmp_path / 'out'}"],
-                      cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    done = forked.run(
+        [
+            sys.executable,
+            os.path.join(ROOT, "scripts", "check_published.py"),
+            f"studies.pe_extrapolation=[{folder}]",
+            f"studies.pe_with_window_control=[{folder}]",
+            "studies.rope_scaling=[]",
+            "studies.real_model=[]",
+            "studies.real_model_retrieval=[]",
+            "studies.train_positions=[]",
+            "studies.search_longrope=[]",
+            "studies.rope_base=[]",
+            "studies.layouts=[]",
+            f"studies.length_generalization=[{tmp_path / 'none'}]",
+            f"out={tmp_path / 'out'}",
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     rows = json.load(open(tmp_path / "out" / "check_published.json"))
     verdicts = {(r["id"], r["verdict"]) for r in rows}
@@ -182,8 +232,12 @@ def test_runs_of_other_settings_are_not_averaged_as_seeds(tmp_path):
     with pytest.raises(P.Ambiguous, match="2 rope runs that are not seed replicas"):
         P.ratio_between(c, mixed)
     seeds = [dict(r, seed=1, label="rope (1)") for r in other]
-    assert P.ratio_between(c, [dict(r, seed=0, label="rope (0)") if r["scheme"] == "rope" else r for r in rows]
-                           + seeds).verdict == P.MATCHED
+    assert (
+        P.ratio_between(
+            c, [dict(r, seed=0, label="rope (0)") if r["scheme"] == "rope" else r for r in rows] + seeds
+        ).verdict
+        == P.MATCHED
+    )
 
 
 def test_a_study_entry_may_be_several_folders_read_together(tmp_path):
@@ -196,9 +250,15 @@ def test_a_study_entry_may_be_several_folders_read_together(tmp_path):
 
 
 def test_folders_of_one_name_under_two_studies_are_told_apart_in_the_table():
-    names = P.short_names(["out/budget_pg19/2_rope", "out/budget_stdlib/2_rope", "docs/results/pe_pg19", "x/pe_pg19_6000"])
-    assert names == {"out/budget_pg19/2_rope": "budget_pg19/2_rope", "out/budget_stdlib/2_rope": "budget_stdlib/2_rope",
-                     "docs/results/pe_pg19": "pe_pg19", "x/pe_pg19_6000": "pe_pg19_6000"}
+    names = P.short_names(
+        ["out/budget_pg19/2_rope", "out/budget_stdlib/2_rope", "docs/results/pe_pg19", "x/pe_pg19_6000"]
+    )
+    assert names == {
+        "out/budget_pg19/2_rope": "budget_pg19/2_rope",
+        "out/budget_stdlib/2_rope": "budget_stdlib/2_rope",
+        "docs/results/pe_pg19": "pe_pg19",
+        "x/pe_pg19_6000": "pe_pg19_6000",
+    }
 
 
 def test_a_folder_without_results_yet_leaves_its_claims_not_comparable(tmp_path):
@@ -214,6 +274,7 @@ def test_a_folder_without_results_yet_leaves_its_claims_not_comparable(tmp_path)
 
 # --- every claim can fail: a series its rule must reject ------------------------------
 
+
 def committed(folder):
     return os.path.join(ROOT, "docs", "results", folder)
 
@@ -224,16 +285,30 @@ def alibi_no_better_than_window():
     rows = []
     for length, rel in ((64, 1.0), (128, 0.97), (256, 0.96), (1024, 0.95)):
         for scheme, method, lo, hi in (("alibi", "none", 0.94, 0.99), ("rope", "window", 0.95, 0.97)):
-            rows.append({"scheme": scheme, "method": method, "label": f"{scheme}+{method}", "seed": 0, "train_len": 64,
-                         "length": length, "ratio": length / 64, "ppl": 100 * rel, "ppl_rel": rel,
-                         "ppl_rel_lo": lo * (length > 64) or 1.0, "ppl_rel_hi": hi * (length > 64) or 1.0})
+            rows.append(
+                {
+                    "scheme": scheme,
+                    "method": method,
+                    "label": f"{scheme}+{method}",
+                    "seed": 0,
+                    "train_len": 64,
+                    "length": length,
+                    "ratio": length / 64,
+                    "ppl": 100 * rel,
+                    "ppl_rel": rel,
+                    "ppl_rel_lo": lo * (length > 64) or 1.0,
+                    "ppl_rel_hi": hi * (length > 64) or 1.0,
+                }
+            )
     return rows
 
 
 def tasks_with_alibi_first():
     rows = []
-    for task, acc in (("copy", {"alibi": 0.6, "nope": 0.3, "t5": 0.2, "rope": 0.1, "sinusoidal": 0.0, "learned": 0.0}),
-                      ("sort", {"alibi": 0.5, "nope": 0.4, "t5": 0.1, "rope": 0.2, "sinusoidal": 0.1, "learned": 0.0})):
+    for task, acc in (
+        ("copy", {"alibi": 0.6, "nope": 0.3, "t5": 0.2, "rope": 0.1, "sinusoidal": 0.0, "learned": 0.0}),
+        ("sort", {"alibi": 0.5, "nope": 0.4, "t5": 0.1, "rope": 0.2, "sinusoidal": 0.1, "learned": 0.0}),
+    ):
         rows += [{"task": task, "scheme": s, "method": "none", "seed": 0, "accuracy": a} for s, a in acc.items()]
     return rows
 
@@ -246,40 +321,87 @@ def pretrained(ppl: dict, train_len=8192):
         scheme, _, method = name.partition("+")
         for length, (v, lo, hi) in table.items():
             ref = table[train_len][0]
-            rows.append({"scheme": scheme, "method": method or "none", "label": name, "seed": None,
-                         "train_len": train_len, "length": length, "ratio": length / train_len, "ppl": v, "ppl_lo": lo,
-                         "ppl_hi": hi, "ppl_rel": v / ref})
+            rows.append(
+                {
+                    "scheme": scheme,
+                    "method": method or "none",
+                    "label": name,
+                    "seed": None,
+                    "train_len": train_len,
+                    "length": length,
+                    "ratio": length / train_len,
+                    "ppl": v,
+                    "ppl_lo": lo,
+                    "ppl_hi": hi,
+                    "ppl_rel": v / ref,
+                }
+            )
     return rows
 
 
 def pi_helps_past_l():
     """PI x2 worse than the plain model inside the trained window, better past it."""
-    return pretrained({"rope": {4096: (28.0, 27.0, 29.0), 8192: (28.0, 27.0, 29.0), 16384: (63.0, 60.0, 66.0)},
-                       "rope+pi-x2": {4096: (60.0, 58.0, 62.0), 8192: (60.0, 58.0, 62.0), 16384: (40.0, 38.0, 42.0)}})
+    return pretrained(
+        {
+            "rope": {4096: (28.0, 27.0, 29.0), 8192: (28.0, 27.0, 29.0), 16384: (63.0, 60.0, 66.0)},
+            "rope+pi-x2": {4096: (60.0, 58.0, 62.0), 8192: (60.0, 58.0, 62.0), 16384: (40.0, 38.0, 42.0)},
+        }
+    )
 
 
 def retrieval_json(directory, method, accuracy: dict, train_len=8192, half_width=0.1, config=None):
     """A scripts/retrieval.py result with one task (passkey): {length: accuracy}; config: the
     checkpoint's training settings."""
-    from rope_lm.effective_length import add_effective
+    from rope_lm.probes.effective_length import add_effective
 
     lengths = sorted(accuracy)
-    by_length = [{"length": L, "accuracy": accuracy[L], "accuracy_lo": max(0.0, accuracy[L] - half_width),
-                  "accuracy_hi": min(1.0, accuracy[L] + half_width)} for L in lengths]
+    by_length = [
+        {
+            "length": L,
+            "accuracy": accuracy[L],
+            "accuracy_lo": max(0.0, accuracy[L] - half_width),
+            "accuracy_hi": min(1.0, accuracy[L] + half_width),
+        }
+        for L in lengths
+    ]
     tasks = {"passkey": {"lengths": lengths, "by_length": by_length}}
     effective = add_effective(tasks, train_len=train_len)
     os.makedirs(directory, exist_ok=True)
     with open(os.path.join(directory, "retrieval.json"), "w") as f:
-        json.dump({"scheme": "rope", "method": method, "train_len": train_len, "scoring": "teacher",
-                   "tasks": tasks, "effective": effective, **({"config": config} if config else {})}, f)
+        json.dump(
+            {
+                "scheme": "rope",
+                "method": method,
+                "train_len": train_len,
+                "scoring": "teacher",
+                "tasks": tasks,
+                "effective": effective,
+                **({"config": config} if config else {}),
+            },
+            f,
+        )
     return str(directory)
 
 
 def self_extend_loses_the_key():
     rows = []
-    for method, acc in (("none", {4096: 1.0, 8192: 1.0, 16384: 0.0}), ("self_extend", {4096: 1.0, 8192: 1.0, 16384: 0.4})):
-        rows += [{"task": "passkey", "scheme": "rope", "method": method, "train_len": 8192, "length": L, "accuracy": a,
-                  "accuracy_lo": max(0.0, a - 0.1), "accuracy_hi": min(1.0, a + 0.1)} for L, a in acc.items()]
+    for method, acc in (
+        ("none", {4096: 1.0, 8192: 1.0, 16384: 0.0}),
+        ("self_extend", {4096: 1.0, 8192: 1.0, 16384: 0.4}),
+    ):
+        rows += [
+            {
+                "task": "passkey",
+                "scheme": "rope",
+                "method": method,
+                "train_len": 8192,
+                "length": L,
+                "accuracy": a,
+                "accuracy_lo": max(0.0, a - 0.1),
+                "accuracy_hi": min(1.0, a + 0.1),
+            }
+            for L, a in acc.items()
+        ]
     return rows
 
 
@@ -287,11 +409,26 @@ def finetunes(pose: float, half: float = 5.0):
     """PPL at 2,048 tokens of fine-tuned runs, each recording its own fine-tuning length: PoSE with PI at 128
     (2,048 is 16 x its L), and PI / YaRN at 2,048 (1 x theirs)."""
     rows = []
-    for method, train_pos, v, L in (("pi-x32", "pose-x16", pose, 128), ("pi", "none", 100.0, 2048),
-                                    ("yarn", "none", 96.0, 2048)):
-        rows.append({"scheme": "rope", "method": method, "train_pos": train_pos, "label": f"rope+{method}@{train_pos}",
-                     "seed": None, "train_len": L, "length": 2048, "ratio": 2048 / L, "ppl": v, "ppl_lo": v - half,
-                     "ppl_hi": v + half})
+    for method, train_pos, v, L in (
+        ("pi-x32", "pose-x16", pose, 128),
+        ("pi", "none", 100.0, 2048),
+        ("yarn", "none", 96.0, 2048),
+    ):
+        rows.append(
+            {
+                "scheme": "rope",
+                "method": method,
+                "train_pos": train_pos,
+                "label": f"rope+{method}@{train_pos}",
+                "seed": None,
+                "train_len": L,
+                "length": 2048,
+                "ratio": 2048 / L,
+                "ppl": v,
+                "ppl_lo": v - half,
+                "ppl_hi": v + half,
+            }
+        )
     return rows
 
 
@@ -299,17 +436,38 @@ def search_json(directory, target, rows: dict, method="longrope", train_len=64, 
     """A scripts/search.py search.json: {label: (ppl, lo, hi)} of its test rows, and its paired ratios
     {"<a> / <b>": (lo, hi)}."""
     os.makedirs(directory, exist_ok=True)
-    pairs = {k: {"ratio": rows[k.split(" / ")[0]][0] / rows[k.split(" / ")[1]][0], "lo": lo, "hi": hi}
-             for k, (lo, hi) in (paired or {}).items()}
+    pairs = {
+        k: {"ratio": rows[k.split(" / ")[0]][0] / rows[k.split(" / ")[1]][0], "lo": lo, "hi": hi}
+        for k, (lo, hi) in (paired or {}).items()
+    }
     with open(os.path.join(directory, "search.json"), "w") as f:
-        json.dump({"method": method, "target": target, "train_len": train_len, "paired": pairs,
-                   "test": {k: {"ppl": v, "ppl_lo": lo, "ppl_hi": hi, "tokens": 4096} for k, (v, lo, hi) in rows.items()}}, f)
+        json.dump(
+            {
+                "method": method,
+                "target": target,
+                "train_len": train_len,
+                "paired": pairs,
+                "test": {k: {"ppl": v, "ppl_lo": lo, "ppl_hi": hi, "tokens": 4096} for k, (v, lo, hi) in rows.items()},
+            },
+            f,
+        )
     return str(directory)
 
 
 def longrope_ties_yarn():
-    return [{"method": "longrope", "target": t, "train_len": 64, "label": label, "ppl": v, "ppl_lo": v - 10, "ppl_hi": v + 10}
-            for t in (512, 1024) for label, v in (("longrope searched", 300.0), ("yarn defaults", 305.0))]
+    return [
+        {
+            "method": "longrope",
+            "target": t,
+            "train_len": 64,
+            "label": label,
+            "ppl": v,
+            "ppl_lo": v - 10,
+            "ppl_hi": v + 10,
+        }
+        for t in (512, 1024)
+        for label, v in (("longrope searched", 300.0), ("yarn defaults", 305.0))
+    ]
 
 
 def bases(ppl16: dict, half=5.0):
@@ -318,9 +476,23 @@ def bases(ppl16: dict, half=5.0):
     for base, v in ppl16.items():
         label = f"rope (pos.base={base})"
         for length, p in ((64, 100.0), (1024, v)):
-            rows.append({"scheme": "rope", "method": "none", "label": label, "seed": None, "train_len": 64,
-                         "length": length, "ratio": length / 64, "ppl": p, "ppl_lo": p - half, "ppl_hi": p + half,
-                         "ppl_rel": p / 100.0, "ppl_rel_lo": (p - half) / 100.0, "ppl_rel_hi": (p + half) / 100.0})
+            rows.append(
+                {
+                    "scheme": "rope",
+                    "method": "none",
+                    "label": label,
+                    "seed": None,
+                    "train_len": 64,
+                    "length": length,
+                    "ratio": length / 64,
+                    "ppl": p,
+                    "ppl_lo": p - half,
+                    "ppl_hi": p + half,
+                    "ppl_rel": p / 100.0,
+                    "ppl_rel_lo": (p - half) / 100.0,
+                    "ppl_rel_hi": (p + half) / 100.0,
+                }
+            )
     return rows
 
 
@@ -331,16 +503,39 @@ def at_k(ppl: dict, k=2, half=0.5, train_len=8192, methods=True):
     for label, v in ppl.items():
         scheme, _, method = label.partition("+") if methods else (label, "", "")
         for length, p in ((train_len, 28.0), (k * train_len, v)):
-            rows.append({"scheme": scheme, "method": method or "none", "label": label, "seed": None, "train_len": train_len,
-                         "length": length, "ratio": length / train_len, "ppl": p, "ppl_lo": p - half,
-                         "ppl_hi": p + half})
+            rows.append(
+                {
+                    "scheme": scheme,
+                    "method": method or "none",
+                    "label": label,
+                    "seed": None,
+                    "train_len": train_len,
+                    "length": length,
+                    "ratio": length / train_len,
+                    "ppl": p,
+                    "ppl_lo": p - half,
+                    "ppl_hi": p + half,
+                }
+            )
     return rows
 
 
 def small_base(ppl16: float, passkey_far: float, passkey_at_l: float = 1.0):
     label = "rope (pos.base=10.0)"
-    retrieval = [{"task": "passkey", "scheme": "rope", "method": "none", "label": label, "train_len": 64, "length": L,
-                  "accuracy": a, "accuracy_lo": a, "accuracy_hi": a} for L, a in ((64, passkey_at_l), (1024, passkey_far))]
+    retrieval = [
+        {
+            "task": "passkey",
+            "scheme": "rope",
+            "method": "none",
+            "label": label,
+            "train_len": 64,
+            "length": L,
+            "accuracy": a,
+            "accuracy_lo": a,
+            "accuracy_hi": a,
+        }
+        for L, a in ((64, passkey_at_l), (1024, passkey_far))
+    ]
     return {"ppl": bases({"10.0": ppl16}), "retrieval": retrieval}
 
 
@@ -348,23 +543,25 @@ def small_base(ppl16: float, passkey_far: float, passkey_at_l: float = 1.0):
 # short-trained for the claim, or constructed.
 CONTROLS = {
     "alibi_flat": alibi_no_better_than_window,
-    "rope_mild_at_2x": lambda: P.ppl_rows([committed("pe_pg19")]),     # 600 steps: RoPE 1.00 at 2 x L
-    "rope_far": lambda: P.ppl_rows([committed("pe_wikitext2")]),       # 600 steps: 1.09 at 16 x L
-    "sinusoidal_at_2x": lambda: P.ppl_rows([committed("pe_pg19")]),    # 600 steps: 1.18 at 2 x L
+    "rope_mild_at_2x": lambda: P.ppl_rows([committed("pe_pg19")]),  # 600 steps: RoPE 1.00 at 2 x L
+    "rope_far": lambda: P.ppl_rows([committed("pe_wikitext2")]),  # 600 steps: 1.09 at 16 x L
+    "sinusoidal_at_2x": lambda: P.ppl_rows([committed("pe_pg19")]),  # 600 steps: 1.18 at 2 x L
     "tasks_nope_t5_first": tasks_with_alibi_first,
     "su_zero_shot_order": lambda: P.ppl_rows([committed("rope_scaling_pg19_6000")]),  # PI beats plain RoPE
-    "finetuned_yarn_ntk_pi": lambda: P.ppl_rows([committed("finetune_pg19_6000")]),   # YaRN ~ NTK
+    "finetuned_yarn_ntk_pi": lambda: P.ppl_rows([committed("finetune_pg19_6000")]),  # YaRN ~ NTK
     # A tiny model trained at 64 tokens: RoPE only 1.06 at 2 x L, NTK 1.16 and YaRN 1.25 there.
     "real_unscaled_rises": lambda: P.ppl_rows([committed("pe_stdlib_6000")]),
     "real_pi_without_finetune_hurts": pi_helps_past_l,
     "real_ntk_flat_at_2x": lambda: P.ppl_rows([committed("rope_scaling_pg19_6000")]),
     "real_yarn_flat_at_2x": lambda: P.ppl_rows([committed("rope_scaling_pg19_6000")]),
     "real_self_extend_passkey": self_extend_loses_the_key,
-    "pose_near_full_length": lambda: finetunes(pose=150.0),   # 1.56 x YaRN's, apart beyond the intervals
+    "pose_near_full_length": lambda: finetunes(pose=150.0),  # 1.56 x YaRN's, apart beyond the intervals
     "longrope_search_beats_yarn": longrope_ties_yarn,
     "real_longrope_beats_yarn": lambda: at_k({"rope+longrope-x2": 30.0, "rope+yarn": 28.3}),  # searched, but worse
     # A layout level with RoPE at 16 x L (within the intervals), one worse beyond them, SSMax no better.
-    "nope_every_4_beats_rope": lambda: at_k({"rope+nope_every_4": 60.3, "rope": 60.0}, k=16, train_len=64, methods=False),
+    "nope_every_4_beats_rope": lambda: at_k(
+        {"rope+nope_every_4": 60.3, "rope": 60.0}, k=16, train_len=64, methods=False
+    ),
     "rnope_beats_rope": lambda: at_k({"rope+local_global": 75.0, "rope": 60.0}, k=16, train_len=64, methods=False),
     "ssmax_beats_softmax": lambda: at_k({"rope+ssmax": 61.0, "rope": 60.0}, k=16, train_len=64, methods=False),
     "small_base_ppl_without_retrieval": lambda: small_base(ppl16=110.0, passkey_far=0.9),  # still retrieves
@@ -374,6 +571,7 @@ CONTROLS = {
 
 def published_claims():
     from omegaconf import OmegaConf
+
     return OmegaConf.to_container(OmegaConf.load(os.path.join(ROOT, "conf", "published.yaml")))["claims"]
 
 
@@ -385,12 +583,17 @@ def test_every_published_claim_rejects_its_control(c):
 
 
 def test_a_claim_counts_once_however_many_folders():
-    rows = [{"id": "a", "claim": "", "rule": "", "verdict": v} for v in (P.MATCHED, P.NOT_MATCHED, P.NOT_MATCHED)] + \
-           [{"id": "b", "claim": "", "rule": "", "verdict": v} for v in (P.TIED, P.NOT_COMPARABLE)] + \
-           [{"id": "c", "claim": "", "rule": "", "verdict": P.NOT_COMPARABLE}]
+    rows = (
+        [{"id": "a", "claim": "", "rule": "", "verdict": v} for v in (P.MATCHED, P.NOT_MATCHED, P.NOT_MATCHED)]
+        + [{"id": "b", "claim": "", "rule": "", "verdict": v} for v in (P.TIED, P.NOT_COMPARABLE)]
+        + [{"id": "c", "claim": "", "rule": "", "verdict": P.NOT_COMPARABLE}]
+    )
     claims = P.per_claim(rows)
-    assert [(c["id"], c["verdict"], c[P.MATCHED], c["folders"]) for c in claims] == \
-        [("a", P.MATCHED, 1, 3), ("b", P.TIED, 0, 2), ("c", P.NOT_COMPARABLE, 0, 1)]
+    assert [(c["id"], c["verdict"], c[P.MATCHED], c["folders"]) for c in claims] == [
+        ("a", P.MATCHED, 1, 3),
+        ("b", P.TIED, 0, 2),
+        ("c", P.NOT_COMPARABLE, 0, 1),
+    ]
     assert P.summary_line(claims) == "claims matched: 1 of 3"
 
 
@@ -399,9 +602,15 @@ def test_alibi_flat_without_a_window_control_is_not_counted(tmp_path):
     v = P.RULES[c["rule"]](c, P.ppl_rows([sweep(tmp_path)]))
     assert v.verdict == P.NOT_COMPARABLE and "control missing" in v.ours
     worse = lambda r: 0.06 * (r["scheme"] == "rope" and r["length"] > 64)  # the window control now apart, above
-    beats = [dict(r, ppl_rel=r["ppl_rel"] + worse(r), ppl_rel_lo=r["ppl_rel_lo"] + worse(r),
-                  ppl_rel_hi=r["ppl_rel_hi"] + worse(r))
-             for r in alibi_no_better_than_window()]
+    beats = [
+        dict(
+            r,
+            ppl_rel=r["ppl_rel"] + worse(r),
+            ppl_rel_lo=r["ppl_rel_lo"] + worse(r),
+            ppl_rel_hi=r["ppl_rel_hi"] + worse(r),
+        )
+        for r in alibi_no_better_than_window()
+    ]
     assert P.RULES[c["rule"]](c, beats).verdict == P.MATCHED
 
 
@@ -413,12 +622,18 @@ def test_a_claim_missing_a_setting_of_its_rule_is_refused_before_any_reading(tmp
 
 def test_alibi_flat_fails_when_not_flat_and_when_worse_than_the_window():
     (c,) = [c for c in published_claims() if c["id"] == "alibi_flat"]
-    climbs = [dict(r, ppl_rel=r["ppl_rel"] * 1.2) if r["scheme"] == "alibi" and r["length"] > 64 else r
-              for r in alibi_no_better_than_window()]
+    climbs = [
+        dict(r, ppl_rel=r["ppl_rel"] * 1.2) if r["scheme"] == "alibi" and r["length"] > 64 else r
+        for r in alibi_no_better_than_window()
+    ]
     assert P.RULES[c["rule"]](c, [r for r in climbs if r["scheme"] == "alibi"]).verdict == P.NOT_MATCHED
     # still flat (at most 1.02), but above the window's band (0.95-0.97) at every k x L
-    worse = [dict(r, ppl_rel=r["ppl_rel"] + 0.05, ppl_rel_lo=r["ppl_rel"] + 0.049, ppl_rel_hi=r["ppl_rel"] + 0.051)
-             if r["scheme"] == "alibi" and r["length"] > 64 else r for r in alibi_no_better_than_window()]
+    worse = [
+        dict(r, ppl_rel=r["ppl_rel"] + 0.05, ppl_rel_lo=r["ppl_rel"] + 0.049, ppl_rel_hi=r["ppl_rel"] + 0.051)
+        if r["scheme"] == "alibi" and r["length"] > 64
+        else r
+        for r in alibi_no_better_than_window()
+    ]
     v = P.RULES[c["rule"]](c, worse)
     assert v.verdict == P.NOT_MATCHED and "above the control beyond the intervals at 2, 4, 16 x L" in v.ours
 
@@ -427,10 +642,16 @@ def test_worse_everywhere_needs_every_length_apart():
     c = claim(rule="worse_everywhere", series="rope+pi-x2", reference="rope")
     v = P.worse_everywhere(c, pi_helps_past_l())
     assert v.verdict == P.NOT_MATCHED and "lower than rope beyond the intervals at 2 x L" in v.ours
-    hurts = [dict(r, ppl=r["ppl"] + 30, ppl_lo=r["ppl_lo"] + 30, ppl_hi=r["ppl_hi"] + 30)
-             if r["method"] == "pi-x2" and r["length"] == 16384 else r for r in pi_helps_past_l()]
+    hurts = [
+        dict(r, ppl=r["ppl"] + 30, ppl_lo=r["ppl_lo"] + 30, ppl_hi=r["ppl_hi"] + 30)
+        if r["method"] == "pi-x2" and r["length"] == 16384
+        else r
+        for r in pi_helps_past_l()
+    ]
     v = P.worse_everywhere(c, hurts)  # 70 [68, 72] vs 63 [60, 66] at 2 x L, and above at 0.5 and 1 x L
-    assert v.verdict == P.MATCHED and v.ours.startswith("0.5 x L: rope+pi-x2 60.0 [58.0, 62.0] vs rope 28.0 [27.0, 29.0]")
+    assert v.verdict == P.MATCHED and v.ours.startswith(
+        "0.5 x L: rope+pi-x2 60.0 [58.0, 62.0] vs rope 28.0 [27.0, 29.0]"
+    )
     close = [dict(r, ppl_lo=r["ppl"] - 20) if r["method"] == "pi-x2" and r["length"] == 16384 else r for r in hurts]
     v = P.worse_everywhere(c, close)
     assert v.verdict == P.TIED and "within the intervals at 2 x L" in v.ours
@@ -438,7 +659,7 @@ def test_worse_everywhere_needs_every_length_apart():
 
 
 def test_retrieval_rule_from_result_folders_and_from_compare_csv(tmp_path):
-    from rope_lm.retrieval_compare import compare_retrieval
+    from rope_lm.compare.retrieval_compare import compare_retrieval
 
     none = retrieval_json(tmp_path / "r" / "none", "none", {2048: 1.0, 8192: 1.0, 12288: 0.2, 16384: 0.0})
     kept = retrieval_json(tmp_path / "r" / "se", "self_extend", {2048: 1.0, 8192: 1.0, 12288: 1.0, 16384: 0.9})
@@ -460,14 +681,16 @@ def test_retrieval_rule_from_result_folders_and_from_compare_csv(tmp_path):
 
 
 def test_close_to_reads_training_positions_in_the_series_name(tmp_path):
-    c = claim(rule="close_to", series="rope+pi-x32@pose-x16", references=["rope+pi", "rope+yarn"], length=2048,
-              max_ratio=1.1)
+    c = claim(
+        rule="close_to", series="rope+pi-x32@pose-x16", references=["rope+pi", "rope+yarn"], length=2048, max_ratio=1.1
+    )
     v = P.close_to(c, finetunes(pose=100.0))  # 1.04 x YaRN's
-    assert v.verdict == P.MATCHED and v.ours == ("rope+pi-x32@pose-x16 100.0 [95.0, 105.0] vs rope+yarn 96.0 "
-                                                 "[91.0, 101.0] (ratio 1.04) at 2048 tokens")
+    assert v.verdict == P.MATCHED and v.ours == (
+        "rope+pi-x32@pose-x16 100.0 [95.0, 105.0] vs rope+yarn 96.0 [91.0, 101.0] (ratio 1.04) at 2048 tokens"
+    )
     v = P.close_to(c, finetunes(pose=120.0, half=30.0))  # 1.25 x, but the intervals overlap: noise decides
     assert v.verdict == P.TIED and "within the intervals" in v.ours
-    assert P.close_to(c, finetunes(pose=105.0, half=1.0)).verdict == P.MATCHED      # apart, but within 1.1 x
+    assert P.close_to(c, finetunes(pose=105.0, half=1.0)).verdict == P.MATCHED  # apart, but within 1.1 x
     v = P.close_to(c, finetunes(pose=150.0))
     assert v.verdict == P.NOT_MATCHED and "(ratio 1.56)" in v.ours
     plain = [dict(r, train_pos="none") if r["method"] == "pi-x32" else r for r in finetunes(pose=100.0)]
@@ -475,7 +698,9 @@ def test_close_to_reads_training_positions_in_the_series_name(tmp_path):
 
 
 def test_compare_csv_names_the_training_positions(tmp_path):
-    d = write_run(tmp_path / "pose", "rope", {"none": lambda L: 10.0}, config={"train_pos": {"name": "pose", "factor": 16}})
+    d = write_run(
+        tmp_path / "pose", "rope", {"none": lambda L: 10.0}, config={"train_pos": {"name": "pose", "factor": 16}}
+    )
     out = str(tmp_path / "cmp")
     compare([d], out)
     rows = P.ppl_rows([out])
@@ -485,21 +710,31 @@ def test_compare_csv_names_the_training_positions(tmp_path):
 
 def test_search_rule_reads_search_json_at_every_target(tmp_path):
     c = claim(rule="search_beats", method="longrope", better="longrope searched", worse="yarn defaults")
-    search_json(tmp_path / "s" / "x8", 512, {"none": (900.0, 850.0, 950.0), "yarn defaults": (400.0, 390.0, 410.0),
-                                            "longrope searched": (350.0, 340.0, 360.0)})
+    search_json(
+        tmp_path / "s" / "x8",
+        512,
+        {
+            "none": (900.0, 850.0, 950.0),
+            "yarn defaults": (400.0, 390.0, 410.0),
+            "longrope searched": (350.0, 340.0, 360.0),
+        },
+    )
     x16 = tmp_path / "s" / "x16"
     search_json(x16, 1024, {"yarn defaults": (500.0, 490.0, 510.0), "longrope searched": (450.0, 440.0, 460.0)})
     search_json(tmp_path / "s" / "yarn", 512, {"yarn searched": (10.0, 9.0, 11.0)}, method="yarn")
     v = P.search_beats(c, P.search_rows([str(tmp_path / "s")]))
     assert v.verdict == P.MATCHED
-    assert v.ours == ("512 (8 x L): longrope searched 350.0 [340.0, 360.0] vs yarn defaults 400.0 [390.0, 410.0]; "
-                      "1024 (16 x L): longrope searched 450.0 [440.0, 460.0] vs yarn defaults 500.0 [490.0, 510.0]")
+    assert v.ours == (
+        "512 (8 x L): longrope searched 350.0 [340.0, 360.0] vs yarn defaults 400.0 [390.0, 410.0]; "
+        "1024 (16 x L): longrope searched 450.0 [440.0, 460.0] vs yarn defaults 500.0 [490.0, 510.0]"
+    )
     search_json(x16, 1024, {"yarn defaults": (500.0, 490.0, 510.0), "longrope searched": (505.0, 495.0, 515.0)})
     assert P.search_beats(c, P.search_rows([str(tmp_path / "s")])).verdict == P.TIED
     search_json(x16, 1024, {"yarn defaults": (500.0, 490.0, 510.0), "longrope searched": (600.0, 590.0, 610.0)})
     assert P.search_beats(c, P.search_rows([str(tmp_path / "s")])).verdict == P.NOT_MATCHED
-    assert P.search_beats({**c, "method": "self_extend"}, P.search_rows([str(tmp_path / "s")])).verdict == \
-        P.NOT_COMPARABLE
+    assert (
+        P.search_beats({**c, "method": "self_extend"}, P.search_rows([str(tmp_path / "s")])).verdict == P.NOT_COMPARABLE
+    )
 
 
 def test_search_rule_decides_on_the_paired_ratio_where_the_search_reports_one(tmp_path):
@@ -517,19 +752,32 @@ def test_search_rule_decides_on_the_paired_ratio_where_the_search_reports_one(tm
 
 
 def test_each_below_reads_row_labels():
-    c = claim(rule="each_below", multiplier=16, better=["rope (pos.base=500.0)", "rope (pos.base=1000000.0)"],
-              worse="rope (pos.base=10000.0)")
+    c = claim(
+        rule="each_below",
+        multiplier=16,
+        better=["rope (pos.base=500.0)", "rope (pos.base=1000000.0)"],
+        worse="rope (pos.base=10000.0)",
+    )
     v = P.each_below(c, bases({"500.0": 120.0, "1000000.0": 150.0, "10000.0": 200.0}))
-    assert v.verdict == P.MATCHED and v.ours == ("rope (pos.base=500.0) 120.0 [115.0, 125.0], rope (pos.base=1000000.0) "
-                                                 "150.0 [145.0, 155.0] vs rope (pos.base=10000.0) 200.0 [195.0, 205.0] "
-                                                 "(ppl at 16 x L)")
+    assert v.verdict == P.MATCHED and v.ours == (
+        "rope (pos.base=500.0) 120.0 [115.0, 125.0], rope (pos.base=1000000.0) "
+        "150.0 [145.0, 155.0] vs rope (pos.base=10000.0) 200.0 [195.0, 205.0] "
+        "(ppl at 16 x L)"
+    )
     assert P.each_below(c, bases({"500.0": 120.0, "1000000.0": 196.0, "10000.0": 200.0})).verdict == P.TIED
     assert P.each_below(c, bases({"500.0": 120.0, "10000.0": 200.0})).verdict == P.NOT_COMPARABLE
 
 
 def test_ppl_kept_retrieval_lost():
-    c = claim(rule="ppl_kept_retrieval_lost", series="rope (pos.base=10.0)", task="passkey", multiplier=16,
-              max_ppl_rel=1.5, min_at_l=0.5, max_accuracy=0.2)
+    c = claim(
+        rule="ppl_kept_retrieval_lost",
+        series="rope (pos.base=10.0)",
+        task="passkey",
+        multiplier=16,
+        max_ppl_rel=1.5,
+        min_at_l=0.5,
+        max_accuracy=0.2,
+    )
     v = P.ppl_kept_retrieval_lost(c, small_base(ppl16=110.0, passkey_far=0.1))
     assert (v.ours, v.verdict) == ("PPL 1.10 x its PPL at L at 16 x L; passkey 100% at L, 10% at 16 x L", P.MATCHED)
     assert P.ppl_kept_retrieval_lost(c, small_base(ppl16=300.0, passkey_far=0.1)).verdict == P.NOT_MATCHED

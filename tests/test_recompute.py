@@ -1,19 +1,19 @@
-"""Activation checkpointing (model.activation_checkpointing, rope_lm/recompute.py):
+"""Activation checkpointing (model.activation_checkpointing, rope_lm/model/recompute.py):
 the loss and every gradient equal those of the same model without it, for
 every registered scheme and every method that fits it (the KV-cache tests'
 list, driven by the registries), in training and evaluation mode, under a
 layout, with dropout, and through torch.compile; and each block really runs
 twice (forward, then again in backward)."""
 
+from conftest import ROOT
 import pytest
+from test_kv_cache import PAIRS, T, model, tokens
 import torch
 import torch.nn.functional as F
 import yaml
 
-from conftest import ROOT
-from rope_lm.errors import ConfigError
-from rope_lm.model import ModelConfig
-from test_kv_cache import PAIRS, T, model, tokens
+from rope_lm.core.errors import ConfigError
+from rope_lm.model.transformer import ModelConfig
 
 
 def loss_and_grads(m, idx, on: bool, seed: int = 0):
@@ -44,7 +44,6 @@ def test_checkpointing_leaves_loss_and_gradients_unchanged(scheme, method):
     # mode with gradients recorded (where every method acts, past the training length).
     assert_same(m.train(), idx, f"{scheme} under {method}, training")
     assert_same(m.eval(), idx, f"{scheme} under {method}, evaluation")
-
 
 
 @pytest.mark.parametrize("name", ["nope_every_4", "local_global"])
@@ -78,7 +77,7 @@ def test_each_block_runs_again_in_backward():
 
 
 def test_checkpointing_through_torch_compile():
-    from rope_lm.compile import maybe_compile
+    from rope_lm.train.compile import maybe_compile
 
     m = model("rope", "none").train()
     # Dynamo's capture and AOT autograd are where a checkpointed region is handled under compile;

@@ -19,16 +19,23 @@ STEPS = 200
 
 
 def train_cmd(tiny_data_options, run_dir, **extra):
-    extra = {"trainer.max_steps": STEPS, "trainer.val_every_n_steps": 50, "trainer.ckpt_every_n_steps": 10,
-             "trainer.log_every_n_steps": 1, **extra}
+    extra = {
+        "trainer.max_steps": STEPS,
+        "trainer.val_every_n_steps": 50,
+        "trainer.ckpt_every_n_steps": 10,
+        "trainer.log_every_n_steps": 1,
+        **extra,
+    }
     return [sys.executable, "train.py", *cli_overrides(tiny_data_options, run_dir, **extra)]
 
 
 def losses(run_dir) -> dict[int, float]:
     """train/loss by step, later (re)starts overriding earlier ones."""
     out = {}
-    for path in sorted(glob.glob(os.path.join(run_dir, "csv", "version_*", "metrics.csv")),
-                       key=lambda p: int(p.split("version_")[1].split(os.sep)[0])):
+    for path in sorted(
+        glob.glob(os.path.join(run_dir, "csv", "version_*", "metrics.csv")),
+        key=lambda p: int(p.split("version_")[1].split(os.sep)[0]),
+    ):
         for row in csv.DictReader(open(path)):
             if row.get("train/loss"):
                 out[int(row["step"])] = float(row["train/loss"])
@@ -73,8 +80,12 @@ def drop_row_of_last_checkpoint(run_dir):
     but not yet that step's metrics row. Made certain here by removing the row."""
     import torch
 
-    step = torch.load(os.path.join(run_dir, "checkpoints", "last.ckpt"), map_location="cpu",
-                      weights_only=False)["global_step"] - 1
+    step = (
+        torch.load(os.path.join(run_dir, "checkpoints", "last.ckpt"), map_location="cpu", weights_only=False)[
+            "global_step"
+        ]
+        - 1
+    )
     path = os.path.join(run_dir, "csv", "version_0", "metrics.csv")
     rows = list(csv.DictReader(open(path)))
     with open(path, "w", newline="") as f:

@@ -10,9 +10,9 @@ import re
 import pytest
 import torch
 
-from rope_lm import retrieval as R
-from rope_lm.errors import ConfigError
-from rope_lm.passkey_text import FILLER_SENTENCES
+from rope_lm.core.errors import ConfigError
+from rope_lm.probes import retrieval as R
+from rope_lm.tasks.passkey_text import FILLER_SENTENCES
 from tests.scripted import SequenceModel
 from tests.test_diagnostics import assert_one_paragraph, run_script, save_tiny_checkpoint
 
@@ -64,7 +64,7 @@ def test_prompts_are_exact_deterministic_and_answerable(name, depth, hay, tokeni
     assert a.ids != hay.build(task, name, length, depth, sample=2).ids
     room = max(R.P.ANSWER_ROOM, len(a.answer_ids) + R.GREEDY_EXTRA)
     assert len(a.ids) + room == length
-    text, question = tokenizer.decode(a.ids[: a.question_start]), tokenizer.decode(a.ids[a.question_start:])
+    text, question = tokenizer.decode(a.ids[: a.question_start]), tokenizer.decode(a.ids[a.question_start :])
     assert reread(name, text, question) == a.values
     assert tokenizer.decode(a.answer_ids).strip() == ", ".join(a.values)
 
@@ -80,7 +80,7 @@ def test_the_target_needle_sits_at_its_depth(name, hay, tokenizer):
         assert at <= p.target_offset <= at + slack
         if name == "passkey":
             assert p.target_start == p.target_offset
-        target = tokenizer.decode(p.ids[p.target_start:p.target_start + 20])
+        target = tokenizer.decode(p.ids[p.target_start : p.target_start + 20])
         assert re.match(r"\s*(The pass key|The special mag|VAR)", target), target
 
 
@@ -88,7 +88,7 @@ def test_haystacks_are_corpus_text_not_filler(hay, tokenizer, tiny_cache):
     p = hay.build(R.Passkey(2), "passkey", 500, 0.5, sample=0)
     stream = [int(t) for t in tiny_cache.tokens("test")]
     head = p.ids[:50]
-    assert any(stream[i:i + 50] == head for i in range(len(stream) - 50))
+    assert any(stream[i : i + 50] == head for i in range(len(stream) - 50))
     assert "The grass is green" not in tokenizer.decode(p.ids)
 
 
@@ -127,11 +127,13 @@ def test_evaluate_refuses_before_the_first_forward_pass(hay, tokenizer, tiny_cac
     with pytest.raises(ConfigError, match="fewer than one"):
         R.evaluate(model, tokenizer, tiny_cache.tokens("test")[:100], R.build_tasks(["passkey"], 2), [200], [0.5], 1)
     with pytest.raises(ConfigError, match="scoring='beam'"):
-        R.evaluate(model, tokenizer, tiny_cache.tokens("test"), R.build_tasks(["passkey"], 2), [200], [0.5], 1,
-                   scoring="beam")
+        R.evaluate(
+            model, tokenizer, tiny_cache.tokens("test"), R.build_tasks(["passkey"], 2), [200], [0.5], 1, scoring="beam"
+        )
 
 
 # --- scoring on hand-made predictions ------------------------------------------------
+
 
 class Scripted(SequenceModel):
     """Predicts, at every position, the token the script gives for the
@@ -170,9 +172,11 @@ def test_teacher_forced_scoring(hay, tokenizer):
 def test_greedy_scoring_parses_the_values(hay, tokenizer):
     task = R.MultiQuery(2)
     prompts = [hay.build(task, "multiquery", 300 + 5 * (s % 2), 0.0, s) for s in range(3)]
-    texts = [" " + ",".join(prompts[0].values) + ".",  # right values, other spacing: correct
-             " " + ", ".join(prompts[1].values[::-1]),  # wrong order
-             " " + prompts[2].values[0] + " and nothing else"]  # one of two
+    texts = [
+        " " + ",".join(prompts[0].values) + ".",  # right values, other spacing: correct
+        " " + ", ".join(prompts[1].values[::-1]),  # wrong order
+        " " + prompts[2].values[0] + " and nothing else",
+    ]  # one of two
     outputs = [tokenizer.encode(t).ids for t in texts]
 
     which = {tuple(p.ids[:40]): i for i, p in enumerate(prompts)}  # greedy batches by length: rows reorder
@@ -209,8 +213,17 @@ def test_evaluate_with_a_perfect_model_is_all_right(hay, tokenizer, tiny_cache):
         full = seqs[tuple(seen[:40])]
         return full[len(seen)] if len(seen) < len(full) else 0
 
-    res = R.evaluate(Scripted(tokenizer.get_vocab_size(), answer), tokenizer, tiny_cache.tokens("test"), tasks,
-                     [200, 300], [0.0, 1.0], samples=2, seed=5, resamples=100)
+    res = R.evaluate(
+        Scripted(tokenizer.get_vocab_size(), answer),
+        tokenizer,
+        tiny_cache.tokens("test"),
+        tasks,
+        [200, 300],
+        [0.0, 1.0],
+        samples=2,
+        seed=5,
+        resamples=100,
+    )
     for name in tasks:
         assert res[name]["accuracy"] == [[1.0, 1.0], [1.0, 1.0]]
         assert [r["accuracy"] for r in res[name]["by_length"]] == [1.0, 1.0]
@@ -219,11 +232,21 @@ def test_evaluate_with_a_perfect_model_is_all_right(hay, tokenizer, tiny_cache):
 
 # --- the command line ----------------------------------------------------------------
 
+
 def test_retrieval_script(tiny_cache, tiny_data_options, tmp_path):
-    save_tiny_checkpoint(str(tmp_path / "run" / "checkpoints" / "last.ckpt"), tiny_cache, tiny_data_options,
-                         train_len=256)
-    done = run_script("retrieval.py", f"ckpt={tmp_path / 'run'}", "multipliers=[1,2]", "depths=[0,1]", "samples=2",
-                      "needles=2", "bootstrap=50", cwd=tmp_path)
+    save_tiny_checkpoint(
+        str(tmp_path / "run" / "checkpoints" / "last.ckpt"), tiny_cache, tiny_data_options, train_len=256
+    )
+    done = run_script(
+        "retrieval.py",
+        f"ckpt={tmp_path / 'run'}",
+        "multipliers=[1,2]",
+        "depths=[0,1]",
+        "samples=2",
+        "needles=2",
+        "bootstrap=50",
+        cwd=tmp_path,
+    )
     out = tmp_path / "run" / "diagnostics" / "retrieval"
     result = json.load(open(out / "retrieval.json"))
     assert list(result["tasks"]) == list(R.TASKS)
@@ -234,10 +257,17 @@ def test_retrieval_script(tiny_cache, tiny_data_options, tmp_path):
 
 
 def test_a_run_goes_on_from_its_cells(tiny_cache, tiny_data_options, tmp_path):
-    save_tiny_checkpoint(str(tmp_path / "run" / "checkpoints" / "last.ckpt"), tiny_cache, tiny_data_options,
-                         train_len=256)
-    common = [f"ckpt={tmp_path / 'run'}", "tasks=[passkey,vartrack]", "depths=[0,1]", "samples=2", "needles=2",
-              "bootstrap=50"]
+    save_tiny_checkpoint(
+        str(tmp_path / "run" / "checkpoints" / "last.ckpt"), tiny_cache, tiny_data_options, train_len=256
+    )
+    common = [
+        f"ckpt={tmp_path / 'run'}",
+        "tasks=[passkey,vartrack]",
+        "depths=[0,1]",
+        "samples=2",
+        "needles=2",
+        "bootstrap=50",
+    ]
     whole = tmp_path / "whole"
     run_script("retrieval.py", *common, "multipliers=[1,2]", f"out={whole}", cwd=tmp_path)
     part = tmp_path / "part"
@@ -251,8 +281,17 @@ def test_a_run_goes_on_from_its_cells(tiny_cache, tiny_data_options, tmp_path):
     assert len(scored_now) == 4 and all("length 512" in line for line in scored_now)
     assert json.load(open(part / "retrieval.json"))["tasks"] == json.load(open(whole / "retrieval.json"))["tasks"]
     # Other settings are refused before any forward pass, naming what differs.
-    done = run_script("retrieval.py", *common[:-2], "needles=3", "bootstrap=50", "multipliers=[1,2]", f"out={part}",
-                      "existing=continue", status=2, cwd=tmp_path)
+    done = run_script(
+        "retrieval.py",
+        *common[:-2],
+        "needles=3",
+        "bootstrap=50",
+        "multipliers=[1,2]",
+        f"out={part}",
+        "existing=continue",
+        status=2,
+        cwd=tmp_path,
+    )
     assert_one_paragraph(done, "other settings (needles")
     done = run_script("retrieval.py", *common, "multipliers=[1]", f"out={part}", status=2, cwd=tmp_path)
     assert_one_paragraph(done, "already holds files")

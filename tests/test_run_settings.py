@@ -2,11 +2,13 @@
 does what the run did, they are no difference (an older study continues, its
 seed replicas group); at any other value they are."""
 
-from rope_lm.run_settings import settings_differences, settings_key
+from rope_lm.runs.run_settings import settings_differences, settings_key
 
 OLD = {"pos": {"name": "rope", "base": 10000.0}, "scaling": {"name": "window", "window": 64}}
-NOW = {"pos": {"name": "rope", "base": 10000.0, "p_rope": 1.0},
-       "scaling": {"name": "window", "window": 64, "sinks": 0, "sink_positions": "cache"}}
+NOW = {
+    "pos": {"name": "rope", "base": 10000.0, "p_rope": 1.0},
+    "scaling": {"name": "window", "window": 64, "sinks": 0, "sink_positions": "cache"},
+}
 
 
 def test_options_added_at_their_default_are_no_difference():

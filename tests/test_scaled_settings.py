@@ -5,14 +5,14 @@ values through training (no weight decay on it)."""
 
 import os
 
+from hydra import compose, initialize_config_dir
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 
-from rope_lm.lit import OptimConfig, build_optimizer
-from rope_lm.model import build_model
+from rope_lm.model.transformer import build_model
 from rope_lm.positional import build_scheme
 from rope_lm.positional.base import Dims
+from rope_lm.train.lit import OptimConfig, build_optimizer
 from tests.conftest import ROOT
 
 
@@ -52,8 +52,13 @@ def test_short_lengths_still_give_valid_buckets():
 def test_learned_rows_past_the_training_length_keep_their_initial_values():
     torch.manual_seed(0)
     L = 8
-    model = build_model({"n_layer": 1, "n_head": 2, "d_model": 16}, {"name": "learned", "max_positions": 32},
-                        {"name": "none"}, vocab_size=16, train_len=L)
+    model = build_model(
+        {"n_layer": 1, "n_head": 2, "d_model": 16},
+        {"name": "learned", "max_positions": 32},
+        {"name": "none"},
+        vocab_size=16,
+        train_len=L,
+    )
     table = model.pos_scheme.weight
     before = table.detach().clone()
     opt, _ = build_optimizer(model, OptimConfig(lr=1e-2, warmup_steps=0, weight_decay=0.5), max_steps=10)
@@ -63,8 +68,8 @@ def test_learned_rows_past_the_training_length_keep_their_initial_values():
         opt.zero_grad()
         loss.backward()
         opt.step()
-    assert not torch.equal(table[:L], before[:L])   # trained rows moved
-    assert torch.equal(table[L:], before[L:])       # rows never reached: untouched, not decayed
+    assert not torch.equal(table[:L], before[:L])  # trained rows moved
+    assert torch.equal(table[L:], before[L:])  # rows never reached: untouched, not decayed
     decayed = [g for g in opt.param_groups if g["weight_decay"] > 0]
     assert all(table is not p for g in decayed for p in g["params"])
     assert any(p is model.wte.weight for g in decayed for p in g["params"])  # the rest of the model as before

@@ -10,17 +10,16 @@ import sys
 import pytest
 import torch
 
-from rope_lm.attention import explicit_attention
-from rope_lm.errors import ConfigError
-from rope_lm.model import build_model
+from rope_lm.core.errors import ConfigError
+from rope_lm.kernels.attention import explicit_attention
+from rope_lm.model.transformer import build_model
 from rope_lm.positional import Dims, PosContext, PositionalScheme
-from rope_lm.frequencies import default_inv_freq
+from rope_lm.positional import frequencies as F
+from rope_lm.positional.frequencies import default_inv_freq
 from rope_lm.positional.rope import RoPE, rotate
 from rope_lm.scaling import METHODS, build_scaling
-from rope_lm import frequencies as F
 from rope_lm.scaling.base import logn_scale
 from rope_lm.scaling.hierarchical import hierarchical_table
-
 from tests import forked
 
 MODEL = {"n_layer": 2, "n_head": 2, "d_model": 32, "mlp_ratio": 2.0}
@@ -193,8 +192,10 @@ def relative_map(name, T, w, k=4.0, G=3):
     return torch.where(far, grouped, d)
 
 
-@pytest.mark.parametrize("name,options", [("rerope", {"window": 5}), ("leaky_rerope", {"window": 5, "k": 4.0}),
-                                          ("self_extend", {"window": 5, "group": 3})])
+@pytest.mark.parametrize(
+    "name,options",
+    [("rerope", {"window": 5}), ("leaky_rerope", {"window": 5, "k": 4.0}), ("self_extend", {"window": 5, "group": 3})],
+)
 def test_two_pass_maps_match_a_brute_force_relative_position(name, options):
     T, D = 24, 16
     method = build_scaling({"name": name, **options})
@@ -224,8 +225,12 @@ def test_self_extend_with_group_one_is_plain_rope():
     method = build_scaling({"name": "self_extend", "window": 4, "group": 1})
     # Grouped positions equal to the true ones: no far pass to compute (the plain kernel serves it).
     assert not method.attention_plan(torch.arange(T), ctx_for(method, T)).two_pass
-    torch.testing.assert_close(model_logits({"name": "self_extend", "window": 4, "group": 1}, T),
-                               model_logits({"name": "none"}, T), rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(
+        model_logits({"name": "self_extend", "window": 4, "group": 1}, T),
+        model_logits({"name": "none"}, T),
+        rtol=1e-4,
+        atol=1e-5,
+    )
 
 
 def test_self_extend_auto_group_keeps_positions_inside_training():
@@ -265,10 +270,12 @@ def test_logn_composes_with_any_method_and_is_eval_only_by_default():
     evaluated = model_logits({"name": "ntk", "logn": True}, T)
     assert not torch.allclose(evaluated, model_logits({"name": "ntk"}, T))
     # A model in training mode gets no log-n unless asked for; autograd recording or not changes nothing.
-    torch.testing.assert_close(model_logits({"name": "ntk", "logn": True}, T, training=True),
-                               model_logits({"name": "ntk"}, T))
-    torch.testing.assert_close(model_logits({"name": "ntk", "logn": True, "logn_in_training": True}, T, training=True),
-                               evaluated)
+    torch.testing.assert_close(
+        model_logits({"name": "ntk", "logn": True}, T, training=True), model_logits({"name": "ntk"}, T)
+    )
+    torch.testing.assert_close(
+        model_logits({"name": "ntk", "logn": True, "logn_in_training": True}, T, training=True), evaluated
+    )
     assert torch.equal(model_logits({"name": "ntk", "logn": True}, T, grad=True), evaluated)
     with pytest.raises(ConfigError):
         build_scaling({"name": "logn", "logn": False})
@@ -305,8 +312,9 @@ def test_hierarchical_reproduces_the_table_and_its_local_structure():
         method.absolute_table(table, n * n + 1, ctx_for(method, n * n + 1, train_len=n))
     # Only the trained rows (the first L of a longer table) are decomposed.
     longer = torch.cat([table, torch.randn(20, 8, dtype=torch.float64)])
-    torch.testing.assert_close(method.absolute_table(longer, 50, ctx_for(method, 50, train_len=n)),
-                               hierarchical_table(table, 50, alpha))
+    torch.testing.assert_close(
+        method.absolute_table(longer, 50, ctx_for(method, 50, train_len=n)), hierarchical_table(table, 50, alpha)
+    )
 
 
 @pytest.mark.parametrize("name", ["hierarchical", "pi"])
@@ -360,9 +368,14 @@ def test_methods_that_do_not_apply_are_refused_with_the_alternatives():
 
 
 def test_bad_knobs_are_refused():
-    for options in ({"name": "yarn", "factor": 0.5}, {"name": "pi", "factor": "big"}, {"name": "rerope", "window": 0},
-                    {"name": "yarn", "beta_fast": 1, "beta_slow": 2}, {"name": "ntk", "nope": 1},
-                    {"name": "llama3", "low_freq_factor": 4, "high_freq_factor": 1}):
+    for options in (
+        {"name": "yarn", "factor": 0.5},
+        {"name": "pi", "factor": "big"},
+        {"name": "rerope", "window": 0},
+        {"name": "yarn", "beta_fast": 1, "beta_slow": 2},
+        {"name": "ntk", "nope": 1},
+        {"name": "llama3", "low_freq_factor": 4, "high_freq_factor": 1},
+    ):
         with pytest.raises(ConfigError):
             build_scaling(options)
 
@@ -377,8 +390,13 @@ def test_every_method_has_a_config_with_every_knob():
         cfg = OmegaConf.to_container(OmegaConf.load(os.path.join(conf, f"{name}.yaml")))
         assert cfg["name"] == name and "logn" in cfg and "logn_in_training" in cfg
         cls = METHODS.get(name)
-        knobs = {p for c in cls.__mro__ if "__init__" in c.__dict__ and c is not object
-                 for p in inspect.signature(c.__init__).parameters if p not in ("self", "common")}
+        knobs = {
+            p
+            for c in cls.__mro__
+            if "__init__" in c.__dict__ and c is not object
+            for p in inspect.signature(c.__init__).parameters
+            if p not in ("self", "common")
+        }
         assert knobs == set(cfg) - {"name"}, name
 
 
@@ -386,7 +404,7 @@ def test_every_method_has_a_config_with_every_knob():
 
 
 def test_eval_script_runs_several_methods_on_one_checkpoint(tiny_config, tmp_path):
-    from rope_lm.pipeline import train_and_evaluate
+    from rope_lm.runs.pipeline import train_and_evaluate
 
     run = str(tmp_path / "run")
     tiny_config["eval"]["multipliers"] = [1]  # the run's own report is not under test here
@@ -394,10 +412,26 @@ def test_eval_script_runs_several_methods_on_one_checkpoint(tiny_config, tmp_pat
     out = str(tmp_path / "eval")
     # Few methods and lengths: the report redraws its plot after every length (~0.6 s each here).
     names = "none,pi,ntk+logn,yarn,rerope"
-    script = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts", "eval_extrapolation.py")
-    done = forked.run([sys.executable, script, f"ckpt={run}", f"scaling={names}", "scaling.rerope.window=4",
-                       f"out={out}", "device=cpu", "eval.multipliers=[1,4]", "eval.token_budget=256",
-                       "eval.batch_tokens=256", "eval.position_buckets=8"], capture_output=True, text=True)
+    script = os.path.join(
+        os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts", "eval_extrapolation.py"
+    )
+    done = forked.run(
+        [
+            sys.executable,
+            script,
+            f"ckpt={run}",
+            f"scaling={names}",
+            "scaling.rerope.window=4",
+            f"out={out}",
+            "device=cpu",
+            "eval.multipliers=[1,4]",
+            "eval.token_budget=256",
+            "eval.batch_tokens=256",
+            "eval.position_buckets=8",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     results = json.load(open(os.path.join(out, "results.json")))
     labels = names.split(",")
@@ -415,8 +449,11 @@ def test_eval_script_runs_several_methods_on_one_checkpoint(tiny_config, tmp_pat
     assert info["ntk+logn"]["logn"]["max_logit_scale"] == pytest.approx(math.log(64) / math.log(16))
     assert info["rerope"]["window"] == 4 and info["rerope"]["max_relative_position"] == 4
     assert info["pi"]["stretch_last"] == [4.0] * 4
-    done = forked.run([sys.executable, script, f"ckpt={run}", "scaling=none,pi", "scaling.beta_fast=8"],
-                      capture_output=True, text=True)
+    done = forked.run(
+        [sys.executable, script, f"ckpt={run}", "scaling=none,pi", "scaling.beta_fast=8"],
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode == 2 and "none of the listed methods" in done.stderr and "Traceback" not in done.stderr
 
 

@@ -15,8 +15,8 @@ from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS  # noqa: E402
 from transformers.utils import logging as hf_logging  # noqa: E402
 
 from rope_lm.positional import PosContext  # noqa: E402
+from rope_lm.positional import frequencies as F  # noqa: E402
 from rope_lm.scaling import build_scaling  # noqa: E402
-from rope_lm import frequencies as F  # noqa: E402
 
 hf_logging.set_verbosity_error()
 
@@ -28,10 +28,13 @@ RTOL = 2e-6  # transformers computes in float32; we compute in float64 and round
 
 
 def hf(rope_type, head_dim, base, max_pos, seq_len=None, partial=1.0, **params):
-    config = LlamaConfig(hidden_size=4 * head_dim, num_attention_heads=4, head_dim=head_dim,
-                         max_position_embeddings=max_pos,
-                         rope_parameters={"rope_type": rope_type, "rope_theta": base,
-                                          "partial_rotary_factor": partial, **params})
+    config = LlamaConfig(
+        hidden_size=4 * head_dim,
+        num_attention_heads=4,
+        head_dim=head_dim,
+        max_position_embeddings=max_pos,
+        rope_parameters={"rope_type": rope_type, "rope_theta": base, "partial_rotary_factor": partial, **params},
+    )
     return ROPE_INIT_FUNCTIONS[rope_type](config, "cpu", seq_len=seq_len)
 
 
@@ -57,16 +60,26 @@ def test_dynamic_matches_hf_at_every_length():
             assert_same(F.dynamic_ntk(d, base, L, T, s), hf("dynamic", d, base, L, seq_len=T, factor=s))
 
 
-@pytest.mark.parametrize("rope_type,ours,band_keys,bands", [
-    ("yarn", F.yarn, ("beta_fast", "beta_slow"), ((32, 1), (16, 2))),
-    ("llama3", F.llama3, ("low_freq_factor", "high_freq_factor"), ((1.0, 4.0), (2.0, 8.0))),
-])
+@pytest.mark.parametrize(
+    "rope_type,ours,band_keys,bands",
+    [
+        ("yarn", F.yarn, ("beta_fast", "beta_slow"), ((32, 1), (16, 2))),
+        ("llama3", F.llama3, ("low_freq_factor", "high_freq_factor"), ((1.0, 4.0), (2.0, 8.0))),
+    ],
+)
 def test_band_methods_match_hf(rope_type, ours, band_keys, bands):
     """YaRN and Llama 3: frequencies split into kept / ramped / interpolated bands by two knobs."""
     for d, base, L, s in grid():
         for band in bands:
-            ref = hf(rope_type, d, base, int(L * max(s, 2)), factor=s, original_max_position_embeddings=L,
-                     **dict(zip(band_keys, band)))
+            ref = hf(
+                rope_type,
+                d,
+                base,
+                int(L * max(s, 2)),
+                factor=s,
+                original_max_position_embeddings=L,
+                **dict(zip(band_keys, band)),
+            )
             assert_same(ours(d, base, L, L * s, *band), ref)
 
 
@@ -84,8 +97,17 @@ def test_longrope_matches_hf_short_and_long():
         long = (1 + 8 * torch.rand(d // 2, generator=g)).tolist()
         short = (1 + 0.2 * torch.rand(d // 2, generator=g)).tolist()
         for T in (L // 2, L, L + 1, 4 * L):
-            ref = hf("longrope", d, base, int(L * max(s, 2)), seq_len=T, factor=s,
-                     original_max_position_embeddings=L, long_factor=long, short_factor=short)
+            ref = hf(
+                "longrope",
+                d,
+                base,
+                int(L * max(s, 2)),
+                seq_len=T,
+                factor=s,
+                original_max_position_embeddings=L,
+                long_factor=long,
+                short_factor=short,
+            )
             assert_same(F.longrope(d, base, L, L * s, short, long, seq_len=T), ref)
 
 
@@ -93,14 +115,18 @@ def test_partial_rotary_matches_hf():
     # rope_lm passes the rotary width (head_dim * rotary_fraction) as rot_dim.
     for d, frac in ((64, 0.25), (128, 0.5)):
         r = int(d * frac)
-        assert_same(F.yarn(r, 10000.0, 256, 1024),
-                    hf("yarn", d, 10000.0, 1024, partial=frac, factor=4.0, original_max_position_embeddings=256))
-        assert_same(F.dynamic_ntk(r, 10000.0, 256, 1000),
-                    hf("dynamic", d, 10000.0, 256, seq_len=1000, partial=frac, factor=1.0))
+        assert_same(
+            F.yarn(r, 10000.0, 256, 1024),
+            hf("yarn", d, 10000.0, 1024, partial=frac, factor=4.0, original_max_position_embeddings=256),
+        )
+        assert_same(
+            F.dynamic_ntk(r, 10000.0, 256, 1000), hf("dynamic", d, 10000.0, 256, seq_len=1000, partial=frac, factor=1.0)
+        )
 
 
-@pytest.mark.parametrize("name,rope_type", [("pi", "linear"), ("yarn", "yarn"), ("llama3", "llama3"),
-                                            ("dynamic_ntk", "dynamic")])
+@pytest.mark.parametrize(
+    "name,rope_type", [("pi", "linear"), ("yarn", "yarn"), ("llama3", "llama3"), ("dynamic_ntk", "dynamic")]
+)
 def test_methods_with_auto_factor_match_hf_at_each_length(name, rope_type):
     """factor: auto at length T is HF with factor = T / L (dynamic: slope 1 at T)."""
     method = build_scaling({"name": name})
@@ -124,7 +150,16 @@ def test_longrope_method_fixed_factor_matches_hf():
     method = build_scaling({"name": "longrope", "factor": 8, "long_factor": long, "short_factor": short})
     for T in (32, 64, 65, 512):
         ctx = PosContext(seq_len=T, train_len=L, scaling=method)
-        ref = hf("longrope", d, base, 8 * L, seq_len=T, factor=8.0, original_max_position_embeddings=L,
-                 long_factor=long, short_factor=short)
+        ref = hf(
+            "longrope",
+            d,
+            base,
+            8 * L,
+            seq_len=T,
+            factor=8.0,
+            original_max_position_embeddings=L,
+            long_factor=long,
+            short_factor=short,
+        )
         assert_same(method.rope_frequencies(d, base, ctx), ref)
         assert ref[1] == pytest.approx(math.sqrt(1 + math.log(8) / math.log(L)))

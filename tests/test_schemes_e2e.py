@@ -3,13 +3,12 @@ evaluated past the training length by the real pipeline."""
 
 import math
 
+from conftest import ROOT
 import pytest
 import yaml
 
-from conftest import ROOT
-from rope_lm.pipeline import train_and_evaluate
 from rope_lm.positional import SCHEMES
-
+from rope_lm.runs.pipeline import train_and_evaluate
 
 
 @pytest.mark.parametrize("name", SCHEMES.names())
@@ -26,8 +25,15 @@ def test_trains_and_evaluates_past_the_training_length(name, tiny_config, tmp_pa
     assert rows[0]["loss_beyond"] is None and all(math.isfinite(r["loss_beyond"]) for r in rows[1:])
 
 
-LLAMA_SHAPED = {"mlp": "swiglu", "mlp_hidden": 48, "n_kv_head": 1, "head_dim": 12, "norm_eps": 1e-5,
-                "qkv_bias": True, "tie_embeddings": False}
+LLAMA_SHAPED = {
+    "mlp": "swiglu",
+    "mlp_hidden": 48,
+    "n_kv_head": 1,
+    "head_dim": 12,
+    "norm_eps": 1e-5,
+    "qkv_bias": True,
+    "tie_embeddings": False,
+}
 
 
 @pytest.mark.parametrize("name", SCHEMES.names())

@@ -1,4 +1,4 @@
-"""Searching a method's settings (rope_lm/search.py, rope_lm/longrope_search.py,
+"""Searching a method's settings (rope_lm/eval/search.py, rope_lm/eval/longrope_search.py,
 scripts/search.py): the spaces and the evolution on objectives with a known
 optimum, then the script on a tiny checkpoint, whose config file
 scripts/eval_extrapolation.py loads."""
@@ -9,13 +9,12 @@ import os
 
 import numpy as np
 import pytest
-import torch
 import yaml
 
-from rope_lm import frequencies as F
-from rope_lm import search as S
-from rope_lm.errors import ConfigError
-from rope_lm.longrope_search import Evolution, constrain, evolve, seeds
+from rope_lm.core.errors import ConfigError
+from rope_lm.eval import search as S
+from rope_lm.eval.longrope_search import Evolution, constrain, evolve, seeds
+from rope_lm.positional import frequencies as F
 from rope_lm.scaling import method_label
 from tests.test_diagnostics import assert_one_paragraph, run_script, save_tiny_checkpoint
 
@@ -39,8 +38,13 @@ class Bowl:
 
 @pytest.mark.parametrize("method", ["yarn", "self_extend", "ntk"])
 def test_optuna_starts_from_the_defaults_and_improves_on_them(method):
-    obj = Bowl({"yarn": {"factor": 3.0, "beta_fast": 10.0, "beta_slow": 2.0, "attention_factor": 1.1},
-                "self_extend": {"window": 5, "group": 7}, "ntk": {"factor": 20.0}}[method])
+    obj = Bowl(
+        {
+            "yarn": {"factor": 3.0, "beta_fast": 10.0, "beta_slow": 2.0, "attention_factor": 1.1},
+            "self_extend": {"window": 5, "group": 7},
+            "ntk": {"factor": 20.0},
+        }[method]
+    )
     history = S.optuna_search(method, obj, trials=25, seed=0)
     assert len(history) == 25 == len(obj.calls)
     first = history[0]
@@ -102,8 +106,10 @@ def test_the_evolution_finds_a_known_optimum_within_the_constraints():
     assert history == evolve(distance, rot, 10000.0, L, T, settings, seed=0)  # seeded
 
 
-@pytest.mark.parametrize("key,value,pattern", [("parents", 20, "must not exceed"), ("mutation", 1.5, "probability"),
-                                               ("population", 0, "positive integer")])
+@pytest.mark.parametrize(
+    "key,value,pattern",
+    [("parents", 20, "must not exceed"), ("mutation", 1.5, "probability"), ("population", 0, "positive integer")],
+)
 def test_bad_evolution_settings_are_refused(key, value, pattern):
     with pytest.raises(ConfigError, match=pattern):
         Evolution(**{key: value}).validate()
@@ -120,8 +126,17 @@ def test_the_report_says_why_one_test_window_has_no_interval():
     from scripts.search import _table
 
     row = {"ppl": 27.5, "ppl_lo": None, "ppl_hi": None, "tokens": 16384}
-    md = _table({"method": "longrope", "target": 16384, "train_len": 8192, "checkpoint": "hf:x", "trials": 3,
-                 "validation": {"tokens": 16384, "best_ppl": 29.3}, "test": {"none": row, "longrope searched": row}})
+    md = _table(
+        {
+            "method": "longrope",
+            "target": 16384,
+            "train_len": 8192,
+            "checkpoint": "hf:x",
+            "trials": 3,
+            "validation": {"tokens": 16384, "best_ppl": 29.3},
+            "test": {"none": row, "longrope searched": row},
+        }
+    )
     assert "no interval: 16384 test tokens make 1 window" in md and "27.50 |" in md
 
 
@@ -148,16 +163,21 @@ def test_a_yarn_search_writes_a_config_that_eval_extrapolation_loads(tiny_ckpt, 
         assert r["ratio"] == pytest.approx(test[a]["ppl"] / test[b]["ppl"]) and r["lo"] <= r["ratio"] <= r["hi"]
     assert "yarn searched / yarn defaults" in open(out / "search.md").read()
     # The trials scored the validation split: the winner's validation PPL is measured again there.
-    from rope_lm.evaluation import evaluate_lengths
-    from rope_lm.trained import checkpoint_cache, open_model
+    from rope_lm.runs.trained import checkpoint_cache, open_model
 
     t = open_model(tiny_ckpt, "cpu", best)
     cache, _ = checkpoint_cache(t.lit, {}, str(tmp_path / "tok"))
     obj = S.objective(t.model, cache.tokens("valid"), 64, 256, 512)
     assert obj(best) == pytest.approx(summary["validation"]["best_ppl"], rel=1e-6)
     assert obj.eval_cfg.split == "valid"
-    run_script("eval_extrapolation.py", f"ckpt={tiny_ckpt}", f"scaling=none,{out / 'best.yaml'}", "eval.multipliers=[1,4]",
-               "eval.token_budget=256", f"out={tmp_path / 'eval'}")
+    run_script(
+        "eval_extrapolation.py",
+        f"ckpt={tiny_ckpt}",
+        f"scaling=none,{out / 'best.yaml'}",
+        "eval.multipliers=[1,4]",
+        "eval.token_budget=256",
+        f"out={tmp_path / 'eval'}",
+    )
     results = json.load(open(tmp_path / "eval" / "results.json"))
     # results name the method by its label: a searched fixed factor is part of it (yarn-x1.7)
     assert results["methods"][method_label(best)]["options"]["beta_fast"] == best["beta_fast"]
@@ -165,8 +185,16 @@ def test_a_yarn_search_writes_a_config_that_eval_extrapolation_loads(tiny_ckpt, 
 
 def test_a_longrope_search_keeps_its_factors_monotone(tiny_ckpt, tmp_path):
     out = tmp_path / "search"
-    run_script("search.py", f"ckpt={tiny_ckpt}", "method=longrope", "longrope.population=4", "longrope.generations=1",
-               "longrope.parents=2", *SMALL, f"out={out}")
+    run_script(
+        "search.py",
+        f"ckpt={tiny_ckpt}",
+        "method=longrope",
+        "longrope.population=4",
+        "longrope.generations=1",
+        "longrope.parents=2",
+        *SMALL,
+        f"out={out}",
+    )
     best = yaml.safe_load(open(out / "best.yaml"))
     trials = json.load(open(out / "trials.json"))
     assert [t["origin"] for t in trials[:3]] == ["pi", "ntk", "yarn"] and len(trials) <= 8
@@ -175,12 +203,15 @@ def test_a_longrope_search_keeps_its_factors_monotone(tiny_ckpt, tmp_path):
     assert set(json.load(open(out / "search.json"))["test"]) == {"none", "yarn defaults", "longrope searched"}
 
 
-@pytest.mark.parametrize("args,pattern", [
-    (["method=alibi"], "method='alibi' cannot be searched"),
-    (["method=yarn", "target=16"], "The target length 16 must exceed the model's training length 16"),
-    (["method=yarn", "longrope.parents=20"], "longrope.parents=20 must not exceed longrope.population=16"),
-    (["method=yarn", "conf_name=yarn"], "conf/scaling/yarn.yaml exists already and is never overwritten"),
-])
+@pytest.mark.parametrize(
+    "args,pattern",
+    [
+        (["method=alibi"], "method='alibi' cannot be searched"),
+        (["method=yarn", "target=16"], "The target length 16 must exceed the model's training length 16"),
+        (["method=yarn", "longrope.parents=20"], "longrope.parents=20 must not exceed longrope.population=16"),
+        (["method=yarn", "conf_name=yarn"], "conf/scaling/yarn.yaml exists already and is never overwritten"),
+    ],
+)
 def test_bad_searches_are_refused_in_one_paragraph(tiny_ckpt, tmp_path, args, pattern):
     done = run_script("search.py", f"ckpt={tiny_ckpt}", *args, f"out={tmp_path / 'out'}", status=2)
     assert_one_paragraph(done, pattern)
@@ -188,8 +219,9 @@ def test_bad_searches_are_refused_in_one_paragraph(tiny_ckpt, tmp_path, args, pa
 
 
 def test_a_scheme_without_rope_is_refused(tiny_cache, tiny_data_options, tmp_path):
-    ckpt = save_tiny_checkpoint(str(tmp_path / "run" / "checkpoints" / "last.ckpt"), tiny_cache, tiny_data_options,
-                                pos={"name": "alibi"})
+    ckpt = save_tiny_checkpoint(
+        str(tmp_path / "run" / "checkpoints" / "last.ckpt"), tiny_cache, tiny_data_options, pos={"name": "alibi"}
+    )
     done = run_script("search.py", f"ckpt={ckpt}", "method=ntk", f"out={tmp_path / 'out'}", status=2)
     assert_one_paragraph(done, "does not apply to positional scheme 'alibi'")
 

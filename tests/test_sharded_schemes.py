@@ -1,4 +1,4 @@
-"""rope_lm.sharding.shard across positional schemes, on two CPU ranks over
+"""rope_lm.train.sharding.shard across positional schemes, on two CPU ranks over
 gloo without Lightning: each rank keeps every positional buffer as one
 process builds it, and the sharded loss and every gradient (gathered whole)
 equal the unsharded model's on the same global batch, for schemes whose
@@ -24,9 +24,9 @@ def _worker(rank, world, port, failures):
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
-    from rope_lm.lit import TrainingLoss
-    from rope_lm.model import build_model
-    from rope_lm.sharding import shard
+    from rope_lm.model.transformer import build_model
+    from rope_lm.train.lit import TrainingLoss
+    from rope_lm.train.sharding import shard
 
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
@@ -78,10 +78,12 @@ def test_sharded_blocks_keep_buffers_and_gradients_for_each_scheme():
 
 
 def test_a_scheme_with_scalar_parameters_is_refused_before_work(tiny_config):
-    from rope_lm.config import resolve_run
-    from rope_lm.errors import ConfigError
+    from rope_lm.core.errors import ConfigError
+    from rope_lm.runs.config import resolve_run
 
     tiny_config["trainer"].update(sharded=True, devices=2)
     tiny_config["pos"] = {"name": "fire"}
-    with pytest.raises(ConfigError, match=r"trainer=fsdp cannot shard this model: its parameters pos_scheme.layers.0.c"):
+    with pytest.raises(
+        ConfigError, match=r"trainer=fsdp cannot shard this model: its parameters pos_scheme.layers.0.c"
+    ):
         resolve_run(tiny_config)

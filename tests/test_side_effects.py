@@ -5,8 +5,8 @@ allocator (the training entry point sets it, for the span of fit)."""
 import pytest
 import torch
 
-from rope_lm import allocator
-from rope_lm.model import build_model
+from rope_lm.model.transformer import build_model
+from rope_lm.train import allocator
 from tests.conftest import TINY_MODEL
 
 

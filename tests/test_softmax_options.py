@@ -1,4 +1,4 @@
-"""Attention temperature and sinks (rope_lm/softmax_options.py, AttnPlan's
+"""Attention temperature and sinks (rope_lm/model/softmax_options.py, AttnPlan's
 sink_tokens and sink_logits): each against attention written out by hand
 here, on every kernel that serves it (explicit, SDPA's causal, windowed and
 biased paths, eager flex, a KV cache's steps), gradients included."""
@@ -8,20 +8,22 @@ import math
 import os
 import sys
 
+from conftest import ROOT, cli_overrides
 import pytest
 import torch
 import yaml
 
-from conftest import ROOT, cli_overrides
-from rope_lm import attention
-from rope_lm.attention import AttnPlan, attend, flex_path
-from rope_lm.errors import ConfigError
-from rope_lm.kv_cache import KVCache
-from rope_lm.model import TransformerLM, check_fit
+from rope_lm.core.errors import ConfigError
+from rope_lm.kernels import attention
+from rope_lm.kernels.attention import AttnPlan, attend, flex_path
+from rope_lm.model.kv_cache import KVCache
+from rope_lm.model.transformer import TransformerLM, check_fit
 from rope_lm.positional import Dims, PosContext, build_scheme
 from rope_lm.scaling import build_scaling, method_label
 from tests import forked
-from tests.test_layout import config as layout_config, model as layout_model, tokens
+from tests.test_layout import config as layout_config
+from tests.test_layout import model as layout_model
+from tests.test_layout import tokens
 
 L = 16
 DIMS = Dims(d_model=32, n_head=4, head_dim=8, n_layer=2, train_len=L)
@@ -38,8 +40,11 @@ def by_hand(q, k, v, allowed, sink=None, bias=None, far=None):
         for h in range(H):
             for i in range(T):
                 row = lambda j: q[b, h, i] if far is None or i - j < far[1] else far[0].double()[b, h, i]
-                logits = {j: float(row(j) @ k[b, h, j]) / math.sqrt(D) + (0.0 if bias is None else float(bias[h, i, j]))
-                          for j in range(k.shape[2]) if allowed[i, j]}
+                logits = {
+                    j: float(row(j) @ k[b, h, j]) / math.sqrt(D) + (0.0 if bias is None else float(bias[h, i, j]))
+                    for j in range(k.shape[2])
+                    if allowed[i, j]
+                }
                 top = max(list(logits.values()) + ([float(sink[h])] if sink is not None else []))
                 weights = {j: math.exp(x - top) for j, x in logits.items()}
                 denominator = sum(weights.values()) + (math.exp(float(sink[h]) - top) if sink is not None else 0.0)
@@ -68,8 +73,7 @@ SINKS = torch.tensor([-1.0, 0.5, 2.0, 4.0])  # from barely felt to taking most o
 @pytest.mark.parametrize("scheme_name", ["nope", "alibi"])
 @pytest.mark.parametrize("window,sink_tokens", [(None, 0), (7, 0), (7, 3)])
 @pytest.mark.parametrize("kernel", ["explicit", "sdpa", "flex"])
-def test_sink_logits_and_sink_tokens_equal_the_hand_computation(scheme_name, window, sink_tokens, kernel,
-                                                                 monkeypatch):
+def test_sink_logits_and_sink_tokens_equal_the_hand_computation(scheme_name, window, sink_tokens, kernel, monkeypatch):
     """Several query blocks (a block of 5 queries), so the windowed SDPA path
     drops keys before the window while keeping the sink tokens."""
     monkeypatch.setattr(attention, "MAX_SCORE_ELEMENTS", 2 * 4 * 5 * 24)
@@ -227,8 +231,10 @@ def test_ssmax_by_hand(window, sink_tokens):
 
 def test_ssmax_starts_at_one_over_log_L_and_learns():
     m = model(softmax={"ssmax": {"init": "auto"}})
-    assert torch.allclose(TransformerLM(config(softmax={"ssmax": {"init": "auto"}}), {"name": "nope"}).blocks[1]
-                          .attn.ssmax, torch.full((4,), 1 / math.log(L)))
+    assert torch.allclose(
+        TransformerLM(config(softmax={"ssmax": {"init": "auto"}}), {"name": "nope"}).blocks[1].attn.ssmax,
+        torch.full((4,), 1 / math.log(L)),
+    )
     assert model(softmax={"ssmax": {"init": 0.5}}).blocks[0].attn.ssmax.shape == (4,)
     m.train()
     m(tokens(20)).logsumexp(-1).mean().backward()
@@ -240,7 +246,8 @@ def test_default_models_keep_their_state_dict():
     assert not any("sinks" in n or "ssmax" in n for n in plain.state_dict())
     both = model(softmax={"ssmax": {"init": "auto"}, "sink_logits": True})
     assert set(both.state_dict()) - set(plain.state_dict()) == {
-        f"blocks.{i}.attn.{p}" for i in range(2) for p in ("ssmax", "sinks")}
+        f"blocks.{i}.attn.{p}" for i in range(2) for p in ("ssmax", "sinks")
+    }
 
 
 def test_per_layer_options_merge_over_the_model_options():
@@ -262,12 +269,18 @@ def test_per_layer_options_merge_over_the_model_options():
         torch.testing.assert_close(plain(idx[:, :100]), tuned(idx[:, :100]))  # floor((i + 1) / 128) = 0
 
 
-@pytest.mark.parametrize("options", [
-    {"softmax": {"sink_logits": True}},
-    {"softmax": {"ssmax": {"init": "auto"}, "temperature": {"floor_scale": 3, "attn_scale": 0.2}}},
-    {"softmax": {"sink_logits": True, "ssmax": {"init": 0.4}}, "scaling": {"name": "window", "window": 6, "sinks": 2}},
-    {"softmax": {"sink_logits": True}, "layout": {"pattern": [{"window": 5, "sinks": 3}, None]}},
-])
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"softmax": {"sink_logits": True}},
+        {"softmax": {"ssmax": {"init": "auto"}, "temperature": {"floor_scale": 3, "attn_scale": 0.2}}},
+        {
+            "softmax": {"sink_logits": True, "ssmax": {"init": 0.4}},
+            "scaling": {"name": "window", "window": 6, "sinks": 2},
+        },
+        {"softmax": {"sink_logits": True}, "layout": {"pattern": [{"window": 5, "sinks": 3}, None]}},
+    ],
+)
 @pytest.mark.parametrize("pos", ["rope", "alibi", "shaw"])
 def test_cached_decoding_equals_one_forward(options, pos):
     """A prefill, single tokens and a chunk (the KV cache's offset kernels,
@@ -285,7 +298,7 @@ def test_cached_decoding_equals_one_forward(options, pos):
         for planned in (30, None):
             cache, out, start = KVCache(planned), [], 0
             for n in (9, 1, 1, 7, 1, 11):
-                out.append(m(idx[:, start:start + n], cache=cache))
+                out.append(m(idx[:, start : start + n], cache=cache))
                 start += n
             torch.testing.assert_close(torch.cat(out, 1), full, atol=2e-5, rtol=1e-4)
 
@@ -297,15 +310,18 @@ def test_sink_logits_train_on_the_model():
     assert all(b.attn.sinks.grad.abs().min() > 0 for b in m.blocks)
 
 
-@pytest.mark.parametrize("softmax,match", [
-    ({"temprature": {}}, "unknown key"),
-    ({"temperature": {"floor_scale": 0, "attn_scale": 0.1}}, "floor_scale"),
-    ({"temperature": {"floor_scale": 8192}}, "attn_scale"),
-    ({"ssmax": {"init": -1}}, "ssmax.init"),
-    ({"ssmax": True}, "ssmax"),
-    ({"sink_logits": "yes"}, "sink_logits"),
-    ("on", "model.softmax"),
-])
+@pytest.mark.parametrize(
+    "softmax,match",
+    [
+        ({"temprature": {}}, "unknown key"),
+        ({"temperature": {"floor_scale": 0, "attn_scale": 0.1}}, "floor_scale"),
+        ({"temperature": {"floor_scale": 8192}}, "attn_scale"),
+        ({"ssmax": {"init": -1}}, "ssmax.init"),
+        ({"ssmax": True}, "ssmax"),
+        ({"sink_logits": "yes"}, "sink_logits"),
+        ("on", "model.softmax"),
+    ],
+)
 def test_bad_options_are_one_paragraph(softmax, match):
     with pytest.raises(ConfigError, match=match):
         config(softmax=softmax).validate()
@@ -341,7 +357,7 @@ def test_sink_logits_equal_transformers_gpt_oss():
     k, v = k[:, :2], v[:, :2]  # grouped: 2 key/value heads for 4 query heads
     causal = torch.zeros(T, T).masked_fill(~streaming_mask(T, T, 0), float("-inf"))[None, None]
     module = SimpleNamespace(sinks=SINKS, num_key_value_groups=2, training=False)
-    want, _ = eager_attention_forward(module, q, k, v, causal, scaling=8 ** -0.5)
+    want, _ = eager_attention_forward(module, q, k, v, causal, scaling=8**-0.5)
     scheme = build_scheme({"name": "nope"}, DIMS)
     with torch.no_grad():
         for kernel in ("explicit", "sdpa"):
@@ -356,10 +372,21 @@ def test_temperature_equals_transformers_llama4_on_a_nope_layer():
     from transformers.models.llama4.modeling_llama4 import Llama4TextAttention
 
     T, floor_scale, attn_scale = 26, 4, 0.3
-    hf_cfg = Llama4TextConfig(hidden_size=32, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
-                              intermediate_size=64, intermediate_size_mlp=64, num_hidden_layers=1, no_rope_layers=[0],
-                              attn_temperature_tuning=True, floor_scale=floor_scale, attn_scale=attn_scale,
-                              use_qk_norm=False, attention_bias=False)
+    hf_cfg = Llama4TextConfig(
+        hidden_size=32,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        intermediate_size=64,
+        intermediate_size_mlp=64,
+        num_hidden_layers=1,
+        no_rope_layers=[0],
+        attn_temperature_tuning=True,
+        floor_scale=floor_scale,
+        attn_scale=attn_scale,
+        use_qk_norm=False,
+        attention_bias=False,
+    )
     hf_cfg._attn_implementation = "eager"
     torch.manual_seed(0)
     hf = Llama4TextAttention(hf_cfg, 0).eval()
@@ -380,10 +407,23 @@ def test_a_run_with_the_options_trains_and_evaluates(tiny_data_options, tmp_path
     sinks on every layer, evaluated past L with StreamingLLM's sinks."""
     run = tmp_path / "run"
     args = [a.replace("model.n_layer=2", "model.n_layer=4") for a in cli_overrides(tiny_data_options, run)]
-    done = forked.run([sys.executable, "train.py", "+layout=llama4", "+softmax=[ssmax,sink_logits]",
-                       "scaling=streaming_llm", *args, "trainer.max_steps=6", "trainer.val_every_n_steps=3",
-                       "trainer.ckpt_every_n_steps=3"],
-                      cwd=ROOT, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": ROOT})
+    done = forked.run(
+        [
+            sys.executable,
+            "train.py",
+            "+layout=llama4",
+            "+softmax=[ssmax,sink_logits]",
+            "scaling=streaming_llm",
+            *args,
+            "trainer.max_steps=6",
+            "trainer.val_every_n_steps=3",
+            "trainer.ckpt_every_n_steps=3",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": ROOT},
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     with open(run / "results.json") as f:
         results = json.load(f)
@@ -395,13 +435,15 @@ def test_a_run_with_the_options_trains_and_evaluates(tiny_data_options, tmp_path
 
 
 def test_diagnostics_see_the_tuned_softmax():
-    """Attention probabilities for diagnostics (rope_lm/diagnostics.py) are
+    """Attention probabilities for diagnostics (rope_lm/probes/diagnostics.py) are
     those of the tuned softmax: they reproduce each layer's output, and the
     sinks take weight (rows sum to less than one)."""
-    from rope_lm import diagnostics
+    from rope_lm.probes import diagnostics
 
-    m = model(pos="rope", softmax={"ssmax": {"init": 0.7}, "sink_logits": True,
-                                   "temperature": {"floor_scale": 3, "attn_scale": 0.5}})
+    m = model(
+        pos="rope",
+        softmax={"ssmax": {"init": 0.7}, "sink_logits": True, "temperature": {"floor_scale": 3, "attn_scale": 0.5}},
+    )
     actual, mine = {}, {}
     hooks = [b.attn.register_forward_hook(lambda mod, a, o: actual.__setitem__(mod.layer, o)) for b in m.blocks]
     try:
@@ -421,14 +463,16 @@ def test_results_and_run_folders_name_the_softmax_options():
     from omegaconf import OmegaConf
 
     from rope_lm.cli import register_resolvers
-    from rope_lm.layout import scheme_label
-    from rope_lm.softmax_options import KEYS
+    from rope_lm.model.layout import scheme_label
+    from rope_lm.model.softmax_options import KEYS
 
     layout = {"name": "nope_every_4", "pattern": [None, {"pos": {"name": "nope"}}]}
     for key in KEYS:
         assert scheme_label({"name": "rope"}, {"softmax": {key: {}}}) == f"rope+{key}"
-    assert scheme_label({"name": "rope"}, {"layout": layout, "softmax": {"ssmax": {"init": "auto"}}}) \
+    assert (
+        scheme_label({"name": "rope"}, {"layout": layout, "softmax": {"ssmax": {"init": "auto"}}})
         == "rope+nope_every_4+ssmax"
+    )
     assert scheme_label({"name": "rope"}, {"softmax": None}) == scheme_label({"name": "rope"}, {}) == "rope"
     register_resolvers()
     tag = "${layout_tag:${oc.select:model.layout,null},${oc.select:model.softmax,null}}"

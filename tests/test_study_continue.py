@@ -9,13 +9,13 @@ import subprocess
 import sys
 import time
 
-import pytest
 from filelock import FileLock
+import pytest
 
-from rope_lm.config import resolve_run
-from rope_lm.errors import ConfigError
-from rope_lm.pipeline import claim_train
-from rope_lm.run_folder import RUN_CONFIG, Skip, Start, describe
+from rope_lm.core.errors import ConfigError
+from rope_lm.runs.config import resolve_run
+from rope_lm.runs.pipeline import claim_train
+from rope_lm.runs.run_folder import RUN_CONFIG, Skip, Start, describe
 from tests import forked
 from tests.conftest import ROOT, cli_overrides
 
@@ -23,9 +23,17 @@ STEPS = 60
 
 
 def sweep_cmd(tiny_data_options, sweep_dir):
-    args = cli_overrides(tiny_data_options, "unused", **{
-        "trainer.max_steps": STEPS, "trainer.val_every_n_steps": 30, "trainer.ckpt_every_n_steps": 5,
-        "trainer.log_every_n_steps": 10, "existing": "continue"})
+    args = cli_overrides(
+        tiny_data_options,
+        "unused",
+        **{
+            "trainer.max_steps": STEPS,
+            "trainer.val_every_n_steps": 30,
+            "trainer.ckpt_every_n_steps": 5,
+            "trainer.log_every_n_steps": 10,
+            "existing": "continue",
+        },
+    )
     args = [a for a in args if not a.startswith("hydra.run.dir=")]
     return [sys.executable, "train.py", "-m", "pos=rope,alibi", *args, f"hydra.sweep.dir={sweep_dir}"]
 
@@ -49,8 +57,9 @@ def test_a_study_in_sittings_ends_like_one_uninterrupted_run(tiny_data_options, 
     assert names == ["0_rope_none_L16", "1_alibi_none_L16"]
 
     # Sitting 1: killed while the second run trains (after one of its checkpoints).
-    proc = forked.start(sweep_cmd(tiny_data_options, parts), cwd=ROOT, stdout=subprocess.DEVNULL,
-                        stderr=subprocess.DEVNULL)
+    proc = forked.start(
+        sweep_cmd(tiny_data_options, parts), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     ckpt = os.path.join(parts, names[1], "checkpoints", "last.ckpt")
     deadline = time.time() + 300
     while not os.path.exists(ckpt) and proc.poll() is None and time.time() < deadline:
@@ -58,8 +67,10 @@ def test_a_study_in_sittings_ends_like_one_uninterrupted_run(tiny_data_options, 
     assert proc.poll() is None, "the sweep ended before it could be interrupted"
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    assert not os.path.exists(os.path.join(parts, names[1], "results.json")) or \
-        rows(os.path.join(parts, names[1]))[0] != "complete"
+    assert (
+        not os.path.exists(os.path.join(parts, names[1], "results.json"))
+        or rows(os.path.join(parts, names[1]))[0] != "complete"
+    )
     # ... and the first run's evaluation is cut short too: one length missing, as a crash there leaves it.
     first = os.path.join(parts, names[0], "results.json")
     with open(first) as f:
@@ -110,8 +121,11 @@ def test_continue_takes_a_folder_whose_run_differs_only_in_bookkeeping(tiny_data
     run = settings(tiny_data_options, **{"trainer.max_steps": 10, "existing": "continue"})
     import yaml
 
-    saved = {**run.raw, "data": {**run.raw["data"], "cache_dir": "/elsewhere/cache", "num_proc": 8},
-             "trainer": {**run.raw["trainer"], "val_every_n_steps": 7, "ckpt_every_n_steps": 3}}
+    saved = {
+        **run.raw,
+        "data": {**run.raw["data"], "cache_dir": "/elsewhere/cache", "num_proc": 8},
+        "trainer": {**run.raw["trainer"], "val_every_n_steps": 7, "ckpt_every_n_steps": 3},
+    }
     (tmp_path / RUN_CONFIG).write_text(yaml.safe_dump(saved))
     assert describe(claim_train(run, str(tmp_path))[1]) == "starting"
     saved["data"]["seq_len"] = run.raw["data"]["seq_len"] * 2  # but not a setting that changes the model
@@ -138,6 +152,7 @@ def test_continue_starts_a_run_that_stopped_before_its_first_checkpoint(tiny_dat
 def test_a_study_script_skips_an_evaluation_step_whose_results_are_complete(tmp_path, monkeypatch, capsys):
     sys.path.insert(0, os.path.join(ROOT, "scripts"))
     import study_common
+
     from tests.test_compare import write_run
 
     out = tmp_path / "zero_shot"
@@ -159,8 +174,9 @@ def test_a_study_script_skips_an_evaluation_step_whose_results_are_complete(tmp_
 
 def test_a_sweep_stopped_by_sigterm_says_so_and_the_same_command_finishes_it(tiny_data_options, tmp_path):
     sweep = str(tmp_path / "sweep")
-    proc = forked.start(sweep_cmd(tiny_data_options, sweep), cwd=ROOT, stdout=subprocess.DEVNULL,
-                        stderr=subprocess.PIPE, text=True)
+    proc = forked.start(
+        sweep_cmd(tiny_data_options, sweep), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
     ckpt = os.path.join(sweep, "0_rope_none_L16", "checkpoints", "last.ckpt")
     deadline = time.time() + 300
     while not os.path.exists(ckpt) and proc.poll() is None and time.time() < deadline:
@@ -184,10 +200,12 @@ def test_two_processes_finishing_one_sweep_keep_each_others_records_in_jobs_json
     from rope_lm.cli import SweepSummary
 
     def ended(summary, num, name, skipped=None):
-        config = OmegaConf.create({"hydra": {"job": {"num": num},
-                                             "runtime": {"output_dir": str(tmp_path / name)}}})
-        ret = JobReturn(overrides=[f"pos={name}"], status=JobStatus.COMPLETED,
-                        _return_value={"skipped": skipped} if skipped else {"ppl": 1.0})
+        config = OmegaConf.create({"hydra": {"job": {"num": num}, "runtime": {"output_dir": str(tmp_path / name)}}})
+        ret = JobReturn(
+            overrides=[f"pos={name}"],
+            status=JobStatus.COMPLETED,
+            _return_value={"skipped": skipped} if skipped else {"ppl": 1.0},
+        )
         summary.on_job_end(config, ret)
 
     a, b = SweepSummary(), SweepSummary()
@@ -201,11 +219,22 @@ def test_two_processes_finishing_one_sweep_keep_each_others_records_in_jobs_json
     ended(b, 2, "t5", skipped="another process is running it")  # t5 is still running in a third process
     with open(tmp_path / "jobs.json") as f:
         record = [(os.path.basename(j["output_dir"]), j["status"], j.get("reason")) for j in json.load(f)]
-    assert record == [("rope", "complete", None), ("alibi", "complete", None),
-                      ("t5", "skipped", "another process is running it")]
+    assert record == [
+        ("rope", "complete", None),
+        ("alibi", "complete", None),
+        ("t5", "skipped", "another process is running it"),
+    ]
     # An earlier sitting was stopped by a signal in a fourth run (what print_summary records then).
-    a._record({"num": 3, "status": "interrupted", "overrides": [], "output_dir": str(tmp_path / "kerple"),
-               "error": "stopped by a signal"}, keep_overrides=True)
+    a._record(
+        {
+            "num": 3,
+            "status": "interrupted",
+            "overrides": [],
+            "output_dir": str(tmp_path / "kerple"),
+            "error": "stopped by a signal",
+        },
+        keep_overrides=True,
+    )
     # The third process and the interrupted run ended without a record of their own (finished elsewhere);
     # a later sitting's skip tells what is true now, and leaves completed runs as they were.
     c = SweepSummary()
@@ -215,6 +244,10 @@ def test_two_processes_finishing_one_sweep_keep_each_others_records_in_jobs_json
     ended(c, 3, "kerple", skipped="its results are complete")
     with open(tmp_path / "jobs.json") as f:
         record = [(os.path.basename(j["output_dir"]), j["status"], j.get("reason")) for j in json.load(f)]
-    assert record == [("rope", "complete", None), ("alibi", "complete", None),
-                      ("t5", "skipped", "its results are complete"), ("kerple", "skipped", "its results are complete")]
+    assert record == [
+        ("rope", "complete", None),
+        ("alibi", "complete", None),
+        ("t5", "skipped", "its results are complete"),
+        ("kerple", "skipped", "its results are complete"),
+    ]
     a.printed = b.printed = c.printed = True  # no summary at the test process's exit

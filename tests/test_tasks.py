@@ -13,9 +13,9 @@ import sys
 import pytest
 import torch
 
-from rope_lm.errors import ConfigError
-from rope_lm.tasks import SPECIALS, TASKS, build_task
-from rope_lm import task_run as T
+from rope_lm.core.errors import ConfigError
+from rope_lm.probes import task_run as T
+from rope_lm.tasks.synthetic import SPECIALS, TASKS, build_task
 from tests import forked
 from tests.conftest import ROOT
 
@@ -44,8 +44,11 @@ def test_sets_are_deterministic_in_the_seed(name):
 
 @pytest.mark.parametrize("size", [1, 5, 17])
 def test_sequence_tasks(size):
-    for name, expect in (("copy", lambda x: x), ("reverse", lambda x: x[::-1]),
-                         ("sort", lambda x: [str(v) for v in sorted(int(c) for c in x)])):
+    for name, expect in (
+        ("copy", lambda x: x),
+        ("reverse", lambda x: x[::-1]),
+        ("sort", lambda x: [str(v) for v in sorted(int(c) for c in x)]),
+    ):
         _, items = instances(name, size)
         for prompt, answer in items:
             assert len(prompt) == size and answer == expect(prompt)
@@ -84,7 +87,7 @@ def scan_reference(words: list[str]) -> list[str]:
     connective (the grammar is left-associative), a table for directions."""
     for i in range(len(words) - 1, -1, -1):
         if words[i] in ("and", "after"):
-            left, right = scan_reference(words[:i]), scan_reference(words[i + 1:])
+            left, right = scan_reference(words[:i]), scan_reference(words[i + 1 :])
             return left + right if words[i] == "and" else right + left
     times = {"twice": 2, "thrice": 3}.get(words[-1], 1)
     core = words[:-1] if times > 1 else words
@@ -130,6 +133,7 @@ def test_max_tokens_bounds_every_instance_and_the_vocabulary_covers_it(name):
 
 # --- loss mask and scoring -----------------------------------------------------------
 
+
 def test_loss_mask_covers_answer_and_eos_only():
     task = build_task({"name": "copy"})
     vocab = task.vocabulary()
@@ -169,8 +173,10 @@ def test_buckets_and_scores_on_hand_made_outcomes():
     tests = {s: [(["1"] * s, ["1"] * s)] * 4 for s in range(1, 11)}
     outcome = {s: [s <= 5] * 4 for s in tests}
     outcome[5] = [True, True, False, False]
-    scored = {s: {"correct": outcome[s], "token_accuracy": [float(c) for c in outcome[s]],
-                  "predictions": [["1"]] * 4} for s in tests}
+    scored = {
+        s: {"correct": outcome[s], "token_accuracy": [float(c) for c in outcome[s]], "predictions": [["1"]] * 4}
+        for s in tests
+    }
     result = T.score(sizes, task, tests, scored, resamples=200, seed=0, n_examples=1)
     acc = {b["label"]: b["accuracy"] for b in result["buckets"]}
     assert acc == {"1-2": 1.0, "3-4": 1.0, "5": 0.5, "6-7": 0.0, "8-9": 0.0, "10": 0.0}
@@ -183,25 +189,35 @@ def test_buckets_and_scores_on_hand_made_outcomes():
 
 # --- settings ----------------------------------------------------------------------
 
+
 def settings(**over):
-    cfg = {"model": {"n_layer": 1, "n_head": 2, "d_model": 32, "attention": "sdpa"}, "pos": {"name": "nope"},
-           "task": {"name": "copy"}, "sizes": {"train_max": 4, "test_factor": 2, "bucket": 2},
-           "train": {"steps": 3, "batch_size": 4, "examples": 50, "log_every": 1},
-           "eval": {"samples": 3, "bootstrap": 50}, "optim": {"warmup_steps": 1}, "seed": 0}
+    cfg = {
+        "model": {"n_layer": 1, "n_head": 2, "d_model": 32, "attention": "sdpa"},
+        "pos": {"name": "nope"},
+        "task": {"name": "copy"},
+        "sizes": {"train_max": 4, "test_factor": 2, "bucket": 2},
+        "train": {"steps": 3, "batch_size": 4, "examples": 50, "log_every": 1},
+        "eval": {"samples": 3, "bootstrap": 50},
+        "optim": {"warmup_steps": 1},
+        "seed": 0,
+    }
     for k, v in over.items():
         cfg[k] = {**cfg.get(k, {}), **v} if isinstance(v, dict) else v
     return cfg
 
 
-@pytest.mark.parametrize("over,message", [
-    ({"task": {"name": "bogus"}}, "Unknown task 'bogus'"),
-    ({"task": {"name": "addition", "reversed": "yes"}}, "task.reversed='yes' has the wrong type"),
-    ({"sizes": {"train_max": 0}}, "sizes.train_min=1 and sizes.train_max=0"),
-    ({"sizes": {"test_factor": 0.5}}, "sizes.test_factor=0.5"),
-    ({"pos": {"name": "learned", "max_positions": 12}}, "learned"),
-    ({"bogus": 1}, "Unknown setting(s) bogus"),
-    ({"threads": 0}, "threads=0"),
-])
+@pytest.mark.parametrize(
+    "over,message",
+    [
+        ({"task": {"name": "bogus"}}, "Unknown task 'bogus'"),
+        ({"task": {"name": "addition", "reversed": "yes"}}, "task.reversed='yes' has the wrong type"),
+        ({"sizes": {"train_max": 0}}, "sizes.train_min=1 and sizes.train_max=0"),
+        ({"sizes": {"test_factor": 0.5}}, "sizes.test_factor=0.5"),
+        ({"pos": {"name": "learned", "max_positions": 12}}, "learned"),
+        ({"bogus": 1}, "Unknown setting(s) bogus"),
+        ({"threads": 0}, "threads=0"),
+    ],
+)
 def test_bad_settings_are_refused_before_any_work(over, message):
     with pytest.raises(ConfigError, match=re.escape(message)):
         T.resolve_task_run(settings(**over))
@@ -224,15 +240,31 @@ def test_run_task_in_process(tmp_path):
 
 # --- the command line ----------------------------------------------------------------
 
-SMALL = ["model.n_layer=1", "model.n_head=2", "model.d_model=32", "train.steps=4", "train.batch_size=4",
-         "train.examples=40", "sizes.train_max=3", "sizes.bucket=3", "eval.samples=4", "eval.bootstrap=50",
-         "optim.warmup_steps=1"]
+SMALL = [
+    "model.n_layer=1",
+    "model.n_head=2",
+    "model.d_model=32",
+    "train.steps=4",
+    "train.batch_size=4",
+    "train.examples=40",
+    "sizes.train_max=3",
+    "sizes.bucket=3",
+    "eval.samples=4",
+    "eval.bootstrap=50",
+    "optim.warmup_steps=1",
+]
 
 
 def task_script(*args, cwd, status=0):
     env = {**os.environ, "PYTHONPATH": ROOT}
-    done = forked.run([sys.executable, os.path.join(ROOT, "scripts", "task.py"), *args], cwd=cwd, env=env,
-                      capture_output=True, text=True, timeout=300)
+    done = forked.run(
+        [sys.executable, os.path.join(ROOT, "scripts", "task.py"), *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == status, done.stderr[-3000:]
     return done
 
@@ -263,8 +295,14 @@ def test_sweep_prints_the_table_and_compare_reads_it(tmp_path):
     assert re.search(r"\| copy \(1-3 → 9\) \| \d+% .* / \d+% ", done.stdout)
     assert (tmp_path / "sweep" / "tasks.md").exists()
     env = {**os.environ, "PYTHONPATH": ROOT}
-    cmp = forked.run([sys.executable, os.path.join(ROOT, "scripts", "compare.py"), "path=sweep"], cwd=tmp_path,
-                     env=env, capture_output=True, text=True, timeout=300)
+    cmp = forked.run(
+        [sys.executable, os.path.join(ROOT, "scripts", "compare.py"), "path=sweep"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert cmp.returncode == 0, cmp.stderr[-3000:]
     assert "## parity" in cmp.stdout and "| rope |" in cmp.stdout
     rows = open(tmp_path / "sweep" / "compare" / "compare_tasks.csv").read().splitlines()
@@ -300,6 +338,14 @@ def test_a_task_run_again_is_refused_or_skipped(tmp_path):
     assert (out / T.TASK_JSON).read_bytes() == first
     elsewhere = task_script(*args, "existing=continue", "threads=2", "train.log_every=1", cwd=tmp_path)
     assert "results are complete; skipped" in elsewhere.stdout  # bookkeeping only: the same experiment
-    other = task_script("task=copy", "pos=nope", *SMALL, "train.steps=5", f"hydra.run.dir={out}", "existing=continue",
-                        cwd=tmp_path, status=2)
+    other = task_script(
+        "task=copy",
+        "pos=nope",
+        *SMALL,
+        "train.steps=5",
+        f"hydra.run.dir={out}",
+        "existing=continue",
+        cwd=tmp_path,
+        status=2,
+    )
     assert "holds a task run with other settings" in " ".join(other.stderr.split())

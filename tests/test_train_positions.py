@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 import torch
 
-from rope_lm.config import resolve_run
-from rope_lm.errors import ConfigError
-from rope_lm.lit import LitLM
-from rope_lm.pipeline import train_and_evaluate
+from rope_lm.core.errors import ConfigError
+from rope_lm.runs.config import resolve_run
+from rope_lm.runs.pipeline import train_and_evaluate
+from rope_lm.train.lit import LitLM
 from rope_lm.train_positions import TRAIN_POSITIONS, build_train_positions, draw_batch
 from rope_lm.train_positions.base import batch_rng
 from tests.conftest import TINY_MODEL
@@ -27,8 +27,11 @@ def chi_square_p(counts: np.ndarray, probs: np.ndarray) -> float:
     """Pearson's goodness-of-fit p-value (upper tail of chi^2 with k - 1 degrees of freedom)."""
     expected = probs * counts.sum()
     stat = float(((counts - expected) ** 2 / expected).sum())
-    return float(torch.special.gammaincc(torch.tensor((len(counts) - 1) / 2, dtype=torch.float64),
-                                         torch.tensor(stat / 2, dtype=torch.float64)))
+    return float(
+        torch.special.gammaincc(
+            torch.tensor((len(counts) - 1) / 2, dtype=torch.float64), torch.tensor(stat / 2, dtype=torch.float64)
+        )
+    )
 
 
 def many(method, n=4000, length=L, seed=0):
@@ -111,25 +114,34 @@ def test_the_stream_depends_on_seed_rank_and_draw_alone():
     assert batch_rng(1, 0, 0).integers(1 << 30) == batch_rng(1, 0, 0).integers(1 << 30)
 
 
-@pytest.mark.parametrize("options,pattern", [
-    ({"name": "pose", "factor": 0.5}, r"train_pos.factor=0.5 must be a finite number >= 1"),
-    ({"name": "pose", "chunks": 1}, r"train_pos.chunks=1 must be an integer >= 2"),
-    ({"name": "pose", "skips": "gaussian"}, r"train_pos.skips='gaussian' has the wrong type"),
-    ({"name": "pose", "chunks": 40}, r"train_pos.chunks=40 needs windows of at least 40 tokens"),
-    ({"name": "randomized", "window": 3}, r"Unknown train_pos 'randomized' setting\(s\) train_pos.window"),
-    ({"name": "shuffle"}, r"Unknown training-time position method 'shuffle'"),
-])
+@pytest.mark.parametrize(
+    "options,pattern",
+    [
+        ({"name": "pose", "factor": 0.5}, r"train_pos.factor=0.5 must be a finite number >= 1"),
+        ({"name": "pose", "chunks": 1}, r"train_pos.chunks=1 must be an integer >= 2"),
+        ({"name": "pose", "skips": "gaussian"}, r"train_pos.skips='gaussian' has the wrong type"),
+        ({"name": "pose", "chunks": 40}, r"train_pos.chunks=40 needs windows of at least 40 tokens"),
+        ({"name": "randomized", "window": 3}, r"Unknown train_pos 'randomized' setting\(s\) train_pos.window"),
+        ({"name": "shuffle"}, r"Unknown training-time position method 'shuffle'"),
+    ],
+)
 def test_bad_settings_are_refused_before_work(tiny_config, options, pattern):
     tiny_config["train_pos"] = options
     with pytest.raises(ConfigError, match=pattern):
         resolve_run(tiny_config)
 
 
-@pytest.mark.parametrize("pos,pattern", [
-    ({"name": "nope"}, r"scheme \(nope\) reads none: it sees only the order"),
-    ({"name": "learned", "max_positions": 128}, r"train_pos=pose-x16 gives training windows of 16 tokens position "
-                                               r"ids up to 255.*max_positions=128"),
-])
+@pytest.mark.parametrize(
+    "pos,pattern",
+    [
+        ({"name": "nope"}, r"scheme \(nope\) reads none: it sees only the order"),
+        (
+            {"name": "learned", "max_positions": 128},
+            r"train_pos=pose-x16 gives training windows of 16 tokens position "
+            r"ids up to 255.*max_positions=128",
+        ),
+    ],
+)
 def test_schemes_that_cannot_read_the_ids_are_refused(tiny_config, pos, pattern):
     tiny_config["train_pos"] = {"name": "pose"}
     tiny_config["pos"] = pos
@@ -139,8 +151,17 @@ def test_schemes_that_cannot_read_the_ids_are_refused(tiny_config, pos, pattern)
 
 def lit(train_pos=None, pos=None, seed=0):
     torch.manual_seed(0)
-    return LitLM(TINY_MODEL, pos or {"name": "rope"}, None, {}, vocab_size=64, train_len=16, max_steps=10,
-                 train_pos=train_pos, seed=seed)
+    return LitLM(
+        TINY_MODEL,
+        pos or {"name": "rope"},
+        None,
+        {},
+        vocab_size=64,
+        train_len=16,
+        max_steps=10,
+        train_pos=train_pos,
+        seed=seed,
+    )
 
 
 def batch(B=3, T=16):
@@ -148,8 +169,10 @@ def batch(B=3, T=16):
     return torch.randint(0, 64, (B, T), generator=g), torch.randint(0, 64, (B, T), generator=g)
 
 
-@pytest.mark.parametrize("pos", [{"name": "rope"}, {"name": "alibi"}, {"name": "t5"}, {"name": "learned"},
-                                 {"name": "shaw"}, {"name": "fire"}])
+@pytest.mark.parametrize(
+    "pos",
+    [{"name": "rope"}, {"name": "alibi"}, {"name": "t5"}, {"name": "learned"}, {"name": "shaw"}, {"name": "fire"}],
+)
 def test_identity_ids_give_the_plain_model_bit_for_bit(pos):
     plain, pose = lit(pos=pos), lit({"name": "pose", "factor": 1.0}, pos=pos)
     pose.load_state_dict(plain.state_dict())
@@ -165,7 +188,7 @@ def test_each_sequence_is_read_at_its_own_ids():
     x, y = batch()
     ids = m.draw_positions(x)
     assert not torch.equal(ids[0], ids[1])
-    rows = [m.loss((x[i:i + 1], y[i:i + 1]), ids[i:i + 1]) for i in range(3)]
+    rows = [m.loss((x[i : i + 1], y[i : i + 1]), ids[i : i + 1]) for i in range(3)]
     assert torch.allclose(m.loss((x, y), ids), torch.stack(rows).mean())
     # The ids reach the model (a random model's loss hardly moves, its logits do).
     assert not torch.allclose(m.model(x[:1], pos=ids[0]), m.model(x[:1]), rtol=0, atol=1e-5)
@@ -219,17 +242,26 @@ def test_a_resumed_run_continues_the_same_id_stream(tiny_config, tmp_path, monke
         assert torch.equal(a, b)
     assert max(int(i.max()) for i in drawn["full"]) >= 16  # past L: the ids did skip
     results = json.load(open(tmp_path / "resumed" / "results.json"))
-    assert results["train_positions"] == {"name": "pose", "label": "pose-x4", "span": 64, "factor": 4.0,
-                                          "chunks": 2, "skips": "paper"}
+    assert results["train_positions"] == {
+        "name": "pose",
+        "label": "pose-x4",
+        "span": 64,
+        "factor": 4.0,
+        "chunks": 2,
+        "skips": "paper",
+    }
 
 
 def test_compare_names_the_training_positions(tmp_path):
-    from rope_lm.compare import compare
+    from rope_lm.compare.ppl import compare
     from tests.test_compare import write_run
 
     write_run(tmp_path / "runs" / "plain", methods={"none": lambda n: 10.0, "yarn": lambda n: 9.0})
-    write_run(tmp_path / "runs" / "pose", methods={"none": lambda n: 8.0},
-              config={"train_pos": {"name": "pose", "factor": 16, "chunks": 2, "skips": "paper"}})
+    write_run(
+        tmp_path / "runs" / "pose",
+        methods={"none": lambda n: 8.0},
+        config={"train_pos": {"name": "pose", "factor": 16, "chunks": 2, "skips": "paper"}},
+    )
     summary = compare([str(tmp_path / "runs")], str(tmp_path / "out"))
     assert {r["label"] for r in summary["rows"]} == {"rope", "rope + yarn", "rope [train: pose-x16]"}
 
@@ -240,8 +272,11 @@ def test_run_folders_name_the_method():
     from rope_lm.cli import register_resolvers
 
     register_resolvers()
-    for options, name in (({"name": "none"}, "rope_none"), ({"name": "pose", "factor": 16, "chunks": 3}, "rope-pose-x16-c3_none"),
-                          ({"name": "randomized", "factor": 8}, "rope-randomized-x8_none")):
+    for options, name in (
+        ({"name": "none"}, "rope_none"),
+        ({"name": "pose", "factor": 16, "chunks": 3}, "rope-pose-x16-c3_none"),
+        ({"name": "randomized", "factor": 8}, "rope-randomized-x8_none"),
+    ):
         cfg = OmegaConf.create({"train_pos": options, "dir": "rope${train_tag:${train_pos}}_none"})
         assert cfg.dir == name
 
@@ -267,8 +302,10 @@ def test_every_scheme_trains_on_drawn_ids_or_is_refused(name):
     pos = {"name": name, **({"max_positions": 256} if name == "learned" else {})}
     torch.manual_seed(0)
     probe = LitLM(TINY_MODEL, pos, None, {}, vocab_size=64, train_len=16, max_steps=10)
-    if all(s.family not in ("absolute", "rotary", "bias", "relative")
-           for s in [probe.model.pos_scheme, *(probe.model.layout_schemes or [])]):
+    if all(
+        s.family not in ("absolute", "rotary", "bias", "relative")
+        for s in [probe.model.pos_scheme, *(probe.model.layout_schemes or [])]
+    ):
         with pytest.raises(ConfigError, match="reads none"):
             lit({"name": "pose"}, pos=pos)
         return

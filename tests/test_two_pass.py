@@ -1,4 +1,4 @@
-"""The two-pass kernel (rope_lm/two_pass.py) equals the explicit path for
+"""The two-pass kernel (rope_lm/kernels/two_pass.py) equals the explicit path for
 ReRoPE, leaky ReRoPE and Self-Extend: one attention call (outputs and
 gradients) under every plan shape, the full forward, and cached decoding;
 it keeps grouped heads grouped and holds no block larger than the
@@ -7,19 +7,17 @@ explicit path's."""
 import pytest
 import torch
 
-from rope_lm import attention, two_pass
-from rope_lm.attention import AttnPlan, attend, choose_kernel, explicit_attention
-from rope_lm.kv_cache import KVCache
-from rope_lm.model import ModelConfig, TransformerLM
+from rope_lm.kernels import attention, two_pass
+from rope_lm.kernels.attention import AttnPlan, attend, choose_kernel, explicit_attention
+from rope_lm.model.kv_cache import KVCache
+from rope_lm.model.transformer import ModelConfig, TransformerLM
 from rope_lm.positional import Dims, PosContext, PositionalScheme, build_scheme
 from rope_lm.scaling import build_scaling
-
 from tests import forked
 
 L, T = 16, 40  # trained at 16, read at 40: the far pass bites from distance w on
 H, D = 4, 8
-METHODS = {"rerope": {"window": 6}, "leaky_rerope": {"window": 6, "k": 3.0},
-           "self_extend": {"window": 6, "group": 3}}
+METHODS = {"rerope": {"window": 6}, "leaky_rerope": {"window": 6, "k": 3.0}, "self_extend": {"window": 6, "group": 3}}
 
 
 def ctx(n=T):
@@ -143,8 +141,16 @@ def test_self_extend_where_its_group_is_one_is_plain_attention():
 
 def model(method, kv_heads, attention_kernel="auto", logn=False, layout=None):
     torch.manual_seed(0)
-    cfg = ModelConfig(vocab_size=61, train_len=L, n_layer=2, n_head=H, n_kv_head=kv_heads, d_model=H * D,
-                      attention=attention_kernel, layout=layout)
+    cfg = ModelConfig(
+        vocab_size=61,
+        train_len=L,
+        n_layer=2,
+        n_head=H,
+        n_kv_head=kv_heads,
+        d_model=H * D,
+        attention=attention_kernel,
+        layout=layout,
+    )
     m = TransformerLM(cfg, {"name": "rope"}, {"name": method, **METHODS[method], "logn": logn})
     with torch.no_grad():  # a sharper model than GPT-2's init, so a wrong logit shows
         for block in m.blocks:
@@ -172,7 +178,7 @@ def test_full_forward_and_cached_decoding_equal_the_explicit_path(method, kv_hea
         cache = KVCache(planned_len=T)
         pieces, start, out = (17, 1, 1, 1, 20), 0, []
         for n in pieces:  # a prefill, single-token steps, a second chunk
-            out.append(fast(idx[:, start:start + n], cache=cache))
+            out.append(fast(idx[:, start : start + n], cache=cache))
             start += n
         assert len(spy) == len(pieces) * 2  # every call, both layers
         torch.testing.assert_close(torch.cat(out, 1), want, atol=1e-5, rtol=1e-5)
@@ -227,6 +233,7 @@ def test_no_block_larger_than_the_explicit_paths(grad, monkeypatch):
             scores = q.shape[0] * q.shape[1] * q.shape[2] * k.shape[2] if real is real_written else 0
             ours_largest[0] = max(ours_largest[0], scores + sum(m.numel() for m in held))
             return real(q, k, v, mask)
+
         return part
 
     monkeypatch.setattr(attention, "_block_probs", counted_probs)
@@ -251,8 +258,19 @@ def test_the_benchmark_runs_at_a_tiny_size(tmp_path):
 
     from conftest import ROOT
 
-    done = forked.run([sys.executable, os.path.join(ROOT, "benchmarks", "two_pass.py"), "models=[tiny]",
-                       "lengths=[48]", "train_len=16", "threads=1"], cwd=tmp_path, capture_output=True, text=True)
+    done = forked.run(
+        [
+            sys.executable,
+            os.path.join(ROOT, "benchmarks", "two_pass.py"),
+            "models=[tiny]",
+            "lengths=[48]",
+            "train_len=16",
+            "threads=1",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     rows = [line.split("|")[1:-1] for line in done.stdout.splitlines() if line.startswith("| tiny |")]
     assert [r[2].strip() for r in rows] == ["rerope", "leaky_rerope", "self_extend"]

@@ -8,7 +8,7 @@ are the entry points.
 """
 
 from rope_lm.hf.config import FAMILIES, UNSUPPORTED
-from rope_lm.hf.export import export_checkpoint, export_hf
+from rope_lm.hf.export import export_hf
 from rope_lm.hf.load import HFInfo, hf_checkpoint, hf_init, hf_lit, load_hf
 
-__all__ = ["FAMILIES", "UNSUPPORTED", "HFInfo", "export_checkpoint", "export_hf", "hf_checkpoint", "hf_init", "hf_lit", "load_hf"]
+__all__ = ["FAMILIES", "UNSUPPORTED", "HFInfo", "export_hf", "hf_checkpoint", "hf_init", "hf_lit", "load_hf"]

@@ -4,15 +4,22 @@ import fnmatch
 import json
 import os
 
-from rope_lm.errors import ConfigError
-from rope_lm.files import atomic_write, replaced_atomically
+from rope_lm.core.errors import ConfigError
+from rope_lm.core.files import atomic_write, replaced_atomically
 from rope_lm.hf.config import hf_config
 from rope_lm.hf.families import exporting_family
 from rope_lm.hf.weights import hf_state_dict
 
 # What marks a folder as holding a transformers model (or its tokenizer): an export never writes over one.
-MODEL_FILES = ("config.json", "*.safetensors", "*.safetensors.index.json", "pytorch_model*.bin", "tokenizer.json",
-               "tokenizer_config.json", "tokenizer.model")
+MODEL_FILES = (
+    "config.json",
+    "*.safetensors",
+    "*.safetensors.index.json",
+    "pytorch_model*.bin",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "tokenizer.model",
+)
 
 
 def refuse_model_folder(out_dir: str, setting: str = "out"):
@@ -23,8 +30,10 @@ def refuse_model_folder(out_dir: str, setting: str = "out"):
         return
     held = sorted(f for f in os.listdir(out_dir) if any(fnmatch.fnmatch(f, p) for p in MODEL_FILES))
     if held:
-        raise ConfigError(f"{setting}={out_dir} already holds a model ({', '.join(held)}); an export never overwrites "
-                          f"another model's files. Give a new folder (or remove these files yourself).")
+        raise ConfigError(
+            f"{setting}={out_dir} already holds a model ({', '.join(held)}); an export never overwrites "
+            f"another model's files. Give a new folder (or remove these files yourself)."
+        )
 
 
 def export_hf(model, tokenizer_json: str | None, out_dir: str) -> dict:
@@ -38,13 +47,15 @@ def export_hf(model, tokenizer_json: str | None, out_dir: str) -> dict:
     # The weights first and config.json last: a folder cut short by a kill has no config.json, so no loader takes
     # it for a whole model (and the next export into it is refused by its model.safetensors, not overwritten).
     family = exporting_family(model)
-    _write_weights(hf_state_dict(model, family.mlp_prefix if family else "mlp"),
-                   os.path.join(out_dir, "model.safetensors"))
+    _write_weights(
+        hf_state_dict(model, family.mlp_prefix if family else "mlp"), os.path.join(out_dir, "model.safetensors")
+    )
     if tokenizer_json is not None:
         atomic_write(os.path.join(out_dir, "tokenizer.json"), tokenizer_json)
         # AutoTokenizer reads the class from here; the vocabulary is all in tokenizer.json.
-        atomic_write(os.path.join(out_dir, "tokenizer_config.json"),
-                     json.dumps({"tokenizer_class": "PreTrainedTokenizerFast"}))
+        atomic_write(
+            os.path.join(out_dir, "tokenizer_config.json"), json.dumps({"tokenizer_class": "PreTrainedTokenizerFast"})
+        )
     atomic_write(os.path.join(out_dir, "config.json"), json.dumps(config, indent=2))
     return config
 
@@ -56,12 +67,3 @@ def _write_weights(tensors: dict, path: str):
 
     with replaced_atomically(path) as tmp:
         save_file(tensors, tmp, metadata={"format": "pt"})
-
-def export_checkpoint(ckpt: str, out_dir: str) -> dict:
-    """export_hf for a rope-lm checkpoint (.ckpt or run directory), with the
-    tokenizer stored in it; the folder is checked before the model is read."""
-    from rope_lm.trained import open_model
-
-    refuse_model_folder(out_dir)
-    trained = open_model(ckpt, "cpu")
-    return export_hf(trained.model, trained.tokenizer_json, out_dir)

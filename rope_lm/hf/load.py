@@ -6,7 +6,7 @@ import os
 
 import torch
 
-from rope_lm.errors import ConfigError
+from rope_lm.core.errors import ConfigError
 from rope_lm.hf.config import settings_from_hf
 from rope_lm.hf.gguf import converted_folder, is_gguf, source_info
 from rope_lm.hf.weights import load_weights
@@ -39,12 +39,22 @@ def resolve(path_or_name: str, revision: str | None = None) -> str:
     try:
         from huggingface_hub import snapshot_download
 
-        return snapshot_download(path_or_name, revision=revision,
-                                 allow_patterns=["config.json", "*.safetensors", "model.safetensors.index.json",
-                                                 "tokenizer.json", "tokenizer_config.json"])
+        return snapshot_download(
+            path_or_name,
+            revision=revision,
+            allow_patterns=[
+                "config.json",
+                "*.safetensors",
+                "model.safetensors.index.json",
+                "tokenizer.json",
+                "tokenizer_config.json",
+            ],
+        )
     except Exception as e:  # no network, unknown repo, gated model: one message for the user
-        raise ConfigError(f"Could not download {path_or_name!r} from the Hugging Face hub ({type(e).__name__}: "
-                          f"{str(e).splitlines()[0] if str(e) else ''}); pass a local directory instead.") from None
+        raise ConfigError(
+            f"Could not download {path_or_name!r} from the Hugging Face hub ({type(e).__name__}: "
+            f"{str(e).splitlines()[0] if str(e) else ''}); pass a local directory instead."
+        ) from None
 
 
 def read_config(directory: str) -> dict:
@@ -55,13 +65,16 @@ def read_config(directory: str) -> dict:
         with open(path, encoding="utf-8") as f:
             config = json.load(f)
     except json.JSONDecodeError as e:
-        raise ConfigError(f"{path} is not valid JSON: {e.msg} at line {e.lineno}, column {e.colno}. Fix the file "
-                          f"(or write it again with save_pretrained).") from None
+        raise ConfigError(
+            f"{path} is not valid JSON: {e.msg} at line {e.lineno}, column {e.colno}. Fix the file "
+            f"(or write it again with save_pretrained)."
+        ) from None
     except (OSError, UnicodeDecodeError) as e:
         raise ConfigError(f"{path} could not be read as UTF-8 text ({type(e).__name__}: {e}).") from None
     if not isinstance(config, dict):
-        raise ConfigError(f"{path} holds a JSON {type(config).__name__}, not the object of settings a transformers "
-                          f"config.json holds.")
+        raise ConfigError(
+            f"{path} holds a JSON {type(config).__name__}, not the object of settings a transformers config.json holds."
+        )
     return config
 
 
@@ -70,11 +83,12 @@ def build_empty(settings: dict, dtype: torch.dtype):
     meta device (no random init of weights about to be overwritten), then
     given real storage once, in the target dtype. The positional scheme is
     rebuilt on the CPU since its buffers are computed, not loaded."""
-    from rope_lm.model import build_model
+    from rope_lm.model.transformer import build_model
 
     with torch.device("meta"):
-        model = build_model(settings["model"], settings["pos"], settings["scaling"], settings["vocab_size"],
-                            settings["train_len"])
+        model = build_model(
+            settings["model"], settings["pos"], settings["scaling"], settings["vocab_size"], settings["train_len"]
+        )
     model = model.to(dtype).to_empty(device="cpu")
     model.rebuild_schemes()
     if model.cfg.tie_embeddings:  # to_empty gives each parameter its own storage
@@ -82,8 +96,9 @@ def build_empty(settings: dict, dtype: torch.dtype):
     return model
 
 
-def load_hf(path_or_name: str, dtype: torch.dtype = torch.float32, sliding_window: str = "auto",
-            revision: str | None = None):
+def load_hf(
+    path_or_name: str, dtype: torch.dtype = torch.float32, sliding_window: str = "auto", revision: str | None = None
+):
     """(TransformerLM in eval mode, tokenizers.Tokenizer or None, HFInfo) for a
     directory or hub name of a family rope-lm maps (rope_lm.hf.config and
     .families). The model runs under the method that reproduces the
@@ -115,11 +130,19 @@ def load_hf(path_or_name: str, dtype: torch.dtype = torch.float32, sliding_windo
     else:
         notes.append("no tokenizer.json: evaluate on pre-tokenized data or give data.tokenizer_file")
     if settings["scaling"]["name"] == "window":
-        notes.append(f"sliding window {settings['scaling']['window']} mapped to scaling=window; another method "
-                     f"replaces it (full attention)")
-    info = HFInfo(directory=directory, family=settings["family"], architecture=config["architectures"][0],
-                  settings=settings, tokenizer_json=tokenizer_json,
-                  max_position_embeddings=settings["max_position_embeddings"], notes=notes)
+        notes.append(
+            f"sliding window {settings['scaling']['window']} mapped to scaling=window; another method "
+            f"replaces it (full attention)"
+        )
+    info = HFInfo(
+        directory=directory,
+        family=settings["family"],
+        architecture=config["architectures"][0],
+        settings=settings,
+        tokenizer_json=tokenizer_json,
+        max_position_embeddings=settings["max_position_embeddings"],
+        notes=notes,
+    )
     return model, tokenizer, info
 
 
@@ -132,20 +155,32 @@ def hf_init(path_or_name: str, dtype: torch.dtype = torch.float32, sliding_windo
     lit.model, as init_from does with a rope-lm checkpoint."""
     model, _, info = load_hf(path_or_name, dtype, sliding_window)
     s = info.settings
-    hparams = {"model": s["model"], "pos": s["pos"], "scaling": s["scaling"], "vocab_size": s["vocab_size"],
-               "train_len": s["train_len"]}
+    hparams = {
+        "model": s["model"],
+        "pos": s["pos"],
+        "scaling": s["scaling"],
+        "vocab_size": s["vocab_size"],
+        "train_len": s["train_len"],
+    }
     return model, info.tokenizer_json, hparams
 
 
-def hf_lit(path_or_name: str, optim: dict | None = None, max_steps: int = 0, scaling: dict | None = None,
-           dtype: torch.dtype = torch.float32, sliding_window: str = "auto", **lit_options):
+def hf_lit(
+    path_or_name: str,
+    optim: dict | None = None,
+    max_steps: int = 0,
+    scaling: dict | None = None,
+    dtype: torch.dtype = torch.float32,
+    sliding_window: str = "auto",
+    **lit_options,
+):
     """A LitLM holding a transformers model's weights, with its tokenizer
     (lit.tokenizer_json), ready to evaluate or fine-tune where a rope-lm
     checkpoint's LitLM would be: `scaling` (a conf/scaling dict) replaces
     the checkpoint's own method, `optim` / `max_steps` / `lit_options` are
     LitLM's arguments. The LitLM is built on the meta device and takes the
     loaded tensors as its parameters, so the weights exist once."""
-    from rope_lm.lit import LitLM
+    from rope_lm.train.lit import LitLM
 
     model, tokenizer_json, hparams = hf_init(path_or_name, dtype, sliding_window)
     if scaling is not None:
@@ -168,5 +203,8 @@ def hf_checkpoint(path_or_name: str, dtype: torch.dtype = torch.float32, sliding
     a transformers model unchanged. The tensors are the loaded model's own
     (no copy)."""
     model, tokenizer_json, hparams = hf_init(path_or_name, dtype, sliding_window)
-    return {"hyper_parameters": hparams, "tokenizer_json": tokenizer_json,
-            "state_dict": {f"model.{k}": v for k, v in model.state_dict().items()}}
+    return {
+        "hyper_parameters": hparams,
+        "tokenizer_json": tokenizer_json,
+        "state_dict": {f"model.{k}": v for k, v in model.state_dict().items()},
+    }

@@ -6,11 +6,17 @@ whose layers differ) both build on it.
 
 import math
 
-from rope_lm.errors import ConfigError
+from rope_lm.core.errors import ConfigError
 
 # HF rope_type -> rope-lm method
-ROPE_TYPES = {"default": "none", "linear": "pi", "dynamic": "dynamic_ntk", "yarn": "yarn", "llama3": "llama3",
-              "longrope": "longrope"}
+ROPE_TYPES = {
+    "default": "none",
+    "linear": "pi",
+    "dynamic": "dynamic_ntk",
+    "yarn": "yarn",
+    "llama3": "llama3",
+    "longrope": "longrope",
+}
 HF_TYPE = {v: k for k, v in ROPE_TYPES.items()}
 
 
@@ -19,8 +25,10 @@ def rope_parameters(config: dict) -> dict:
     `rope_parameters` or the older `rope_theta` + `rope_scaling`."""
     params = dict(config.get("rope_parameters") or {})
     if params and all(isinstance(v, dict) for v in params.values()):
-        raise ConfigError("config.json has per-layer-type RoPE parameters (rope_parameters nested by layer type); "
-                          "rope-lm models use one RoPE for every layer.")
+        raise ConfigError(
+            "config.json has per-layer-type RoPE parameters (rope_parameters nested by layer type); "
+            "rope-lm models use one RoPE for every layer."
+        )
     legacy = config.get("rope_scaling") or {}
     for key, value in legacy.items():
         params.setdefault(key, value)
@@ -39,8 +47,10 @@ def _yarn_attention_factor(params: dict, factor: float):
         return float(params["attention_factor"])
     mscale, mscale_all_dim = params.get("mscale"), params.get("mscale_all_dim")
     if mscale and mscale_all_dim:
+
         def get(s, m):
             return 1.0 if s <= 1 else 0.1 * m * math.log(s) + 1.0
+
         return get(factor, mscale) / get(factor, mscale_all_dim)
     return None
 
@@ -67,41 +77,60 @@ def scaling_from_hf(params: dict, max_pos: int, config: dict) -> tuple[dict, int
         raise ConfigError(f"rope_scaling factor {factor} is below 1; rope-lm's fixed factors are >= 1.")
     out = {"name": name, "factor": factor}
     if rope_type == "yarn":
-        out.update(beta_fast=float(params.get("beta_fast") or 32), beta_slow=float(params.get("beta_slow") or 1),
-                   attention_factor=_yarn_attention_factor(params, factor),
-                   truncate=bool(params.get("truncate", True)))
+        out.update(
+            beta_fast=float(params.get("beta_fast") or 32),
+            beta_slow=float(params.get("beta_slow") or 1),
+            attention_factor=_yarn_attention_factor(params, factor),
+            truncate=bool(params.get("truncate", True)),
+        )
     elif rope_type == "llama3":
         out.update(low_freq_factor=float(params["low_freq_factor"]), high_freq_factor=float(params["high_freq_factor"]))
     else:  # longrope
-        out.update(long_factor=[float(v) for v in params["long_factor"]],
-                   short_factor=[float(v) for v in params["short_factor"]],
-                   attention_factor=params.get("attention_factor"))
+        out.update(
+            long_factor=[float(v) for v in params["long_factor"]],
+            short_factor=[float(v) for v in params["short_factor"]],
+            attention_factor=params.get("attention_factor"),
+        )
     return out, train_len
 
 
-SHAPE_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-                "max_position_embeddings")
+SHAPE_FIELDS = (
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "max_position_embeddings",
+)
 
 
 def check_shape(config: dict):
     """The model's shape in config.json's own field names: rope-lm's checks
     would name model.n_head / model.n_kv_head, which the user never wrote."""
+
     def positive(key):
         value = config.get(key)
         return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
     missing = [k for k in SHAPE_FIELDS if not positive(k)]
     if missing:
-        raise ConfigError("config.json needs positive integers for " + ", ".join(
-            f"{k} (has {config[k]!r})" if k in config else f"{k} (missing)" for k in missing) + ".")
+        raise ConfigError(
+            "config.json needs positive integers for "
+            + ", ".join(f"{k} (has {config[k]!r})" if k in config else f"{k} (missing)" for k in missing)
+            + "."
+        )
     H, kv = config["num_attention_heads"], config.get("num_key_value_heads")
     if kv is not None and (not positive("num_key_value_heads") or H % kv):
-        raise ConfigError(f"config.json has num_key_value_heads={kv!r}, which does not divide "
-                          f"num_attention_heads={H}: each key/value head serves a whole group of query heads.")
+        raise ConfigError(
+            f"config.json has num_key_value_heads={kv!r}, which does not divide "
+            f"num_attention_heads={H}: each key/value head serves a whole group of query heads."
+        )
     head_dim = config.get("head_dim")
     if head_dim is None and config["hidden_size"] % H:
-        raise ConfigError(f"config.json has hidden_size={config['hidden_size']}, not divisible by "
-                          f"num_attention_heads={H}, and no head_dim.")
+        raise ConfigError(
+            f"config.json has hidden_size={config['hidden_size']}, not divisible by "
+            f"num_attention_heads={H}, and no head_dim."
+        )
     if head_dim is not None and not positive("head_dim"):
         raise ConfigError(f"config.json has head_dim={head_dim!r}; it must be a positive integer.")
 
@@ -121,8 +150,10 @@ def rope_scaling_to_hf(method, L: int) -> tuple[dict, int]:
         return {"rope_type": "default"}, L
     factor = getattr(method, "slope", None) if name == "dynamic_ntk" else method.factor
     if factor == "auto":
-        refuse("scaling.factor=auto (a scale that follows each sequence length) has no transformers "
-                f"equivalent; set a fixed factor, e.g. scaling.factor=4.")
+        refuse(
+            "scaling.factor=auto (a scale that follows each sequence length) has no transformers "
+            "equivalent; set a fixed factor, e.g. scaling.factor=4."
+        )
     out = {"rope_type": HF_TYPE[name], "factor": float(factor)}
     if name in ("pi", "dynamic_ntk"):
         return out, L

@@ -21,7 +21,7 @@ import struct
 
 import torch
 
-from rope_lm.errors import ConfigError
+from rope_lm.core.errors import ConfigError
 
 # HF tensors a checkpoint may carry that rope-lm recomputes (older Llama
 # checkpoints saved the rotary inverse frequencies).
@@ -40,13 +40,16 @@ def layout(cfg, mlp_prefix: str = "mlp") -> dict[str, tuple[str, slice | None]]:
     # transformers' names of the norms after input_layernorm: with post norms (Gemma)
     # post_attention_layernorm is the attention's output norm, not the MLP's input norm
     if cfg.post_norms:
-        norms = {"post_attention_layernorm": "attn_post_norm", "pre_feedforward_layernorm": "norm2",
-                 "post_feedforward_layernorm": "mlp_post_norm"}
+        norms = {
+            "post_attention_layernorm": "attn_post_norm",
+            "pre_feedforward_layernorm": "norm2",
+            "post_feedforward_layernorm": "mlp_post_norm",
+        }
     else:
         norms = {} if cfg.parallel else {"post_attention_layernorm": "norm2"}
     if cfg.qk_norm:
         norms.update({"self_attn.q_norm": "attn.q_norm", "self_attn.k_norm": "attn.k_norm"})
-    from rope_lm.model import layer_softmax
+    from rope_lm.model.transformer import layer_softmax
 
     for i in range(cfg.n_layer):
         hf, ours = f"model.layers.{i}.", f"blocks.{i}."
@@ -60,15 +63,25 @@ def layout(cfg, mlp_prefix: str = "mlp") -> dict[str, tuple[str, slice | None]]:
             if qkv_bias:
                 out[hf + f"self_attn.{name}_proj.bias"] = (ours + "attn.qkv.bias", part)
         pairs = {"self_attn.o_proj": "attn.proj"}
-        if cfg.mlp == "moe":  # gpt-oss's experts, tensors as transformers lays them out (rope_lm/experts.py)
-            experts = {"router.weight": "router.weight", "router.bias": "router.bias",
-                       "experts.gate_up_proj": "gate_up", "experts.gate_up_proj_bias": "gate_up_bias",
-                       "experts.down_proj": "down", "experts.down_proj_bias": "down_bias"}
+        if cfg.mlp == "moe":  # gpt-oss's experts, tensors as transformers lays them out (rope_lm/model/experts.py)
+            experts = {
+                "router.weight": "router.weight",
+                "router.bias": "router.bias",
+                "experts.gate_up_proj": "gate_up",
+                "experts.gate_up_proj_bias": "gate_up_bias",
+                "experts.down_proj": "down",
+                "experts.down_proj_bias": "down_bias",
+            }
             for theirs, mine in experts.items():
                 out[hf + f"{mlp_prefix}.{theirs}"] = (ours + f"mlp.{mine}", None)
         else:
-            pairs.update({f"{mlp_prefix}.gate_proj": "mlp.gate", f"{mlp_prefix}.up_proj": "mlp.fc",
-                          f"{mlp_prefix}.down_proj": "mlp.proj"})
+            pairs.update(
+                {
+                    f"{mlp_prefix}.gate_proj": "mlp.gate",
+                    f"{mlp_prefix}.up_proj": "mlp.fc",
+                    f"{mlp_prefix}.down_proj": "mlp.proj",
+                }
+            )
         for theirs, mine in pairs.items():
             out[hf + theirs + ".weight"] = (ours + mine + ".weight", None)
             if cfg.bias:
@@ -86,9 +99,14 @@ def weight_files(directory: str) -> list[str]:
     if os.path.exists(single):
         return [single]
     found = sorted(n for n in os.listdir(directory) if n.endswith((".bin", ".pt", ".pth")))
-    raise ConfigError(f"{directory} has no model.safetensors (or sharded index); rope-lm reads safetensors only"
-                      + (f" and found {', '.join(found)}: convert them with transformers' save_pretrained "
-                         f"(safe_serialization=True)." if found else "."))
+    raise ConfigError(
+        f"{directory} has no model.safetensors (or sharded index); rope-lm reads safetensors only"
+        + (
+            f" and found {', '.join(found)}: convert them with transformers' save_pretrained (safe_serialization=True)."
+            if found
+            else "."
+        )
+    )
 
 
 DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
@@ -132,23 +150,30 @@ def load_weights(model, directory: str, mlp_prefix: str = "mlp") -> None:
                 if name.endswith(IGNORED_SUFFIXES) or (tied_head and name == "lm_head.weight"):
                     continue  # a tied head is the embedding; the saved copy adds nothing
                 if name not in slots:
-                    raise ConfigError(f"{path}: tensor {name!r} has no place in the rope-lm model (unsupported "
-                                      f"architecture option?).")
+                    raise ConfigError(
+                        f"{path}: tensor {name!r} has no place in the rope-lm model (unsupported architecture option?)."
+                    )
                 if entry["dtype"] not in DTYPES:
-                    raise ConfigError(f"{path}: tensor {name!r} is {entry['dtype']}; rope-lm reads "
-                                      f"{', '.join(DTYPES)} weights (quantized checkpoints are not supported).")
+                    raise ConfigError(
+                        f"{path}: tensor {name!r} is {entry['dtype']}; rope-lm reads "
+                        f"{', '.join(DTYPES)} weights (quantized checkpoints are not supported)."
+                    )
                 target, rows = slots[name]
                 # a row block of a contiguous matrix is itself contiguous
                 dest = params[target] if rows is None else params[target][rows]
                 if tuple(entry["shape"]) != tuple(dest.shape):
-                    raise ConfigError(f"{path}: tensor {name!r} has shape {tuple(entry['shape'])}, but config.json "
-                                      f"implies {tuple(dest.shape)}.")
+                    raise ConfigError(
+                        f"{path}: tensor {name!r} has shape {tuple(entry['shape'])}, but config.json "
+                        f"implies {tuple(dest.shape)}."
+                    )
                 read_into(f, entry, data_start, dest)
                 filled.add(name)
     missing = sorted(set(slots) - filled)
     if missing:
-        raise ConfigError(f"{directory}: the weights lack {len(missing)} tensor(s) config.json implies, e.g. "
-                          f"{', '.join(missing[:3])}.")
+        raise ConfigError(
+            f"{directory}: the weights lack {len(missing)} tensor(s) config.json implies, e.g. "
+            f"{', '.join(missing[:3])}."
+        )
 
 
 def hf_state_dict(model, mlp_prefix: str = "mlp") -> dict[str, torch.Tensor]:

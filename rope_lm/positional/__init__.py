@@ -1,7 +1,7 @@
 """Positional schemes, one module per family, registered by name."""
 
+from rope_lm.core.registry import Registry
 from rope_lm.positional.base import Dims, PosContext, PositionalScheme
-from rope_lm.registry import Registry
 
 SCHEMES = Registry("positional scheme", __name__, "pos.name")
 

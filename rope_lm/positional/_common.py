@@ -5,8 +5,8 @@ import math
 
 import torch
 
-from rope_lm.frequencies import inverse_frequencies
 from rope_lm.positional.base import PositionalScheme
+from rope_lm.positional.frequencies import inverse_frequencies
 
 
 def sinusoid(pos: torch.Tensor, dim: int, base: float = 10000.0, layout: str = "interleaved") -> torch.Tensor:
@@ -93,7 +93,9 @@ class PairwiseBias(PositionalScheme):
             return None
         h = torch.arange(self.dims.n_head, device=pos.device)[:, None]
         p = pos.to(torch.float32)
-        return self.formula(self.coefficients(layer, ctx), h, p[None, :], p[None, :1]).expand(self.dims.n_head, p.numel())
+        return self.formula(self.coefficients(layer, ctx), h, p[None, :], p[None, :1]).expand(
+            self.dims.n_head, p.numel()
+        )
 
     def score_mod(self, layer, pos, ctx):
         # Contiguous: compiled flex on CPU cannot lower reads of stride-0
@@ -109,7 +111,7 @@ class PairwiseBias(PositionalScheme):
 
 
 def check_positive(name: str, value, scheme: str):
-    from rope_lm.errors import ConfigError
+    from rope_lm.core.errors import ConfigError
 
     if not (isinstance(value, (int, float)) and value > 0 and math.isfinite(value)):
         raise ConfigError(f"pos.{name}={value!r} must be a positive number (positional scheme {scheme!r}).")

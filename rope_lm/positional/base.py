@@ -1,4 +1,4 @@
-"""The positional-scheme interface the model calls (see DESIGN.md).
+"""The positional-scheme interface the model calls (docs/schemes.md).
 
 A scheme implements only the hooks it needs; the defaults are identities, so
 the model and the attention kernels never name a specific scheme.
@@ -26,7 +26,7 @@ class Dims:
 @dataclass(frozen=True)
 class RotarySpec:
     """What a rotary scheme offers extrapolation methods: the channels it
-    rotates, its base, and how it pairs them (rope_lm.frequencies)."""
+    rotates, its base, and how it pairs them (rope_lm.positional.frequencies)."""
 
     rot_dim: int
     base: float
@@ -93,11 +93,12 @@ class PositionalScheme(nn.Module):
         """(H, T) bias at the distances pos[d] - pos[0], d = 0..T-1, where the
         bias is a function of p_i - p_j alone for these positions (given that
         they form an arithmetic progression); None otherwise. Lets attention
-        read every block's bias out of one row (rope_lm/distance_bias.py)."""
+        read every block's bias out of one row (rope_lm/kernels/distance_bias.py)."""
         return None
 
-    def masked_bias(self, layer: int, pos, start: int, end: int, window: int | None,
-                    ctx: PosContext) -> torch.Tensor | None:
+    def masked_bias(
+        self, layer: int, pos, start: int, end: int, window: int | None, ctx: PosContext
+    ) -> torch.Tensor | None:
         """At inference: the (H, end - start, end) float32 bias of queries
         start..end-1 over keys 0..end-1 with the causal mask (and the window,
         if any) already in it as -inf, ready to be SDPA's mask; None where the

@@ -27,7 +27,7 @@ import math
 import torch
 from torch import nn
 
-from rope_lm.errors import ConfigError
+from rope_lm.core.errors import ConfigError
 from rope_lm.positional import SCHEMES
 from rope_lm.positional._common import distinct_distances
 from rope_lm.positional.base import PositionalScheme
@@ -49,12 +49,20 @@ class DeBERTa(PositionalScheme):
     family = "relative"
     has_content_terms = True
 
-    def __init__(self, dims, position_buckets: int = 256, max_relative_positions: int = 512, init_std: float = 0.02,
-                 p2c: str = "paper"):
+    def __init__(
+        self,
+        dims,
+        position_buckets: int = 256,
+        max_relative_positions: int = 512,
+        init_std: float = 0.02,
+        p2c: str = "paper",
+    ):
         super().__init__(dims)
         if p2c not in P2C:
-            raise ConfigError(f"pos.p2c={p2c!r}: use paper (delta(j, i), eq. 4) or released (delta(i, j), as "
-                              f"Microsoft's code and transformers).")
+            raise ConfigError(
+                f"pos.p2c={p2c!r}: use paper (delta(j, i), eq. 4) or released (delta(i, j), as "
+                f"Microsoft's code and transformers)."
+            )
         self.p2c = p2c
         if not isinstance(position_buckets, int) or position_buckets < 4:
             raise ConfigError(f"pos.position_buckets={position_buckets!r} must be an integer >= 4.")

@@ -17,9 +17,8 @@ which is what lets FIRE interpolate instead of extrapolate.
 import torch
 from torch import nn
 
-from rope_lm.errors import ConfigError
-from rope_lm.positional import SCHEMES
-from rope_lm.positional import _fire_kernel
+from rope_lm.core.errors import ConfigError
+from rope_lm.positional import SCHEMES, _fire_kernel
 from rope_lm.positional._common import PairwiseBias, causal_distance, integer_valued
 
 EPS = 1e-6
@@ -33,7 +32,7 @@ class FireLayer(nn.Module):
         # not flatten the function at the start.
         self.w1 = nn.Parameter(torch.empty(width).uniform_(-1.0, 1.0))
         self.b1 = nn.Parameter(torch.empty(width).uniform_(-1.0, 1.0))
-        bound = width ** -0.5
+        bound = width**-0.5
         self.w2 = nn.Parameter(torch.empty(n_head, width).uniform_(-bound, bound))
         self.b2 = nn.Parameter(torch.empty(n_head).uniform_(-bound, bound))
         self.c = nn.Parameter(torch.tensor(float(init_c)))

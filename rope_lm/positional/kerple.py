@@ -15,7 +15,7 @@ r1 ~ U(0, 1) and r2 ~ U(0, 2) for power (floored at 0.01).
 import torch
 from torch import nn
 
-from rope_lm.errors import ConfigError
+from rope_lm.core.errors import ConfigError
 from rope_lm.positional import SCHEMES
 from rope_lm.positional._common import PairwiseBias, inverse_softplus
 

@@ -13,7 +13,7 @@ import math
 import torch
 from torch import nn
 
-from rope_lm.errors import ConfigError
+from rope_lm.core.errors import ConfigError
 from rope_lm.positional import SCHEMES
 from rope_lm.positional.base import PositionalScheme
 
@@ -39,7 +39,9 @@ class LearnedAbsolute(PositionalScheme):
     def __init__(self, dims, max_positions: int = 2048, init_std: float = 0.02):
         super().__init__(dims)
         if not isinstance(max_positions, int) or max_positions < 1:
-            raise ConfigError(f"pos.max_positions={max_positions!r} must be a positive integer (rows of the learned table).")
+            raise ConfigError(
+                f"pos.max_positions={max_positions!r} must be a positive integer (rows of the learned table)."
+            )
         self.max_positions = max_positions
         self.table_rows = max_positions
         self.weight = nn.Parameter(torch.randn(max_positions, dims.d_model) * init_std)
@@ -47,9 +49,12 @@ class LearnedAbsolute(PositionalScheme):
     def _refusal(self, needed: int, scaling) -> str:
         # The method in use knows which installed methods extend a table; a scheme imports none.
         methods = scaling.table_extenders() if scaling is not None else []
-        helpers = (f"an extrapolation method that extends the table (scaling={'|'.join(methods)})" if methods else
-                   "an extrapolation method that extends the table (position interpolation or hierarchical "
-                   "decomposition; none is installed in rope_lm/scaling yet)")
+        helpers = (
+            f"an extrapolation method that extends the table (scaling={'|'.join(methods)})"
+            if methods
+            else "an extrapolation method that extends the table (position interpolation or hierarchical "
+            "decomposition; none is installed in rope_lm/scaling yet)"
+        )
         return (
             f"Positional scheme 'learned' has a table of pos.max_positions={self.max_positions} rows, but "
             f"{needed} positions are needed. Raise pos.max_positions (rows past the training length "

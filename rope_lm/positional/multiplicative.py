@@ -11,7 +11,7 @@ sign flip), so tokens stay recoverable while every position still gets a
 distinct modulation pattern. offset=0, amplitude=1 gives the literal x * p.
 """
 
-from rope_lm.errors import ConfigError
+from rope_lm.core.errors import ConfigError
 from rope_lm.positional import SCHEMES
 from rope_lm.positional._common import check_positive, sinusoid
 from rope_lm.positional.base import PositionalScheme

@@ -12,7 +12,7 @@ path past the recurrence.
 
 from torch import nn
 
-from rope_lm.errors import ConfigError
+from rope_lm.core.errors import ConfigError
 from rope_lm.positional import SCHEMES
 from rope_lm.positional.base import PositionalScheme
 

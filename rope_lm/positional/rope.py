@@ -20,7 +20,7 @@ Two ways to rotate less than everything, which are different models:
 
 import torch
 
-from rope_lm.errors import ConfigError
+from rope_lm.core.errors import ConfigError
 from rope_lm.positional import SCHEMES
 from rope_lm.positional.base import PositionalScheme, RotarySpec
 
@@ -52,8 +52,9 @@ def rotate(x: torch.Tensor, pos: torch.Tensor, inv_freq: torch.Tensor, pairing: 
 class RoPE(PositionalScheme):
     family = "rotary"
 
-    def __init__(self, dims, base: float = 10000.0, rotary_fraction: float = 1.0, pairing: str = "half",
-                 p_rope: float = 1.0):
+    def __init__(
+        self, dims, base: float = 10000.0, rotary_fraction: float = 1.0, pairing: str = "half", p_rope: float = 1.0
+    ):
         super().__init__(dims)
         if pairing not in PAIRINGS:
             raise ConfigError(f"pos.pairing={pairing!r} is not a RoPE pairing; use one of {', '.join(PAIRINGS)}.")
@@ -69,8 +70,10 @@ class RoPE(PositionalScheme):
         if base <= 1:
             raise ConfigError(f"pos.base={base} must be greater than 1.")
         if not 0.0 < p_rope <= 1.0:
-            raise ConfigError(f"pos.p_rope={p_rope} must be in (0, 1]: the share of RoPE's frequencies that rotate, "
-                              f"highest first (1: all of them; for none use pos=nope).")
+            raise ConfigError(
+                f"pos.p_rope={p_rope} must be in (0, 1]: the share of RoPE's frequencies that rotate, "
+                f"highest first (1: all of them; for none use pos=nope)."
+            )
         self.base = float(base)
         self.rot_dim = rot_dim
         self.p_rope = float(p_rope)

@@ -12,10 +12,10 @@ d_model (the sinusoidal embedding size).
 
 import torch
 
-from rope_lm.errors import ConfigError
+from rope_lm.core.errors import ConfigError
 from rope_lm.positional import SCHEMES
-from rope_lm.frequencies import inverse_frequencies
 from rope_lm.positional._common import PairwiseBias, check_positive, distinct_distances, integer_valued
+from rope_lm.positional.frequencies import inverse_frequencies
 
 
 @SCHEMES.register("sandwich")

@@ -14,7 +14,7 @@ import math
 import torch
 from torch import nn
 
-from rope_lm.errors import ConfigError
+from rope_lm.core.errors import ConfigError
 from rope_lm.positional import SCHEMES
 from rope_lm.positional._common import causal_distance
 from rope_lm.positional.base import PositionalScheme

@@ -20,7 +20,7 @@ import math
 import torch
 from torch import nn
 
-from rope_lm.errors import ConfigError
+from rope_lm.core.errors import ConfigError
 from rope_lm.positional import SCHEMES
 from rope_lm.positional._common import PairwiseBias, integer_valued
 
@@ -57,13 +57,15 @@ class T5Bias(PairwiseBias):
         if not isinstance(num_buckets, int) or num_buckets < 2:
             raise ConfigError(f"pos.num_buckets={num_buckets!r} must be an integer >= 2.")
         if not isinstance(max_distance, int) or max_distance <= num_buckets // 2:
-            raise ConfigError(f"pos.max_distance={max_distance!r} must be an integer above num_buckets/2={num_buckets // 2}.")
+            raise ConfigError(
+                f"pos.max_distance={max_distance!r} must be an integer above num_buckets/2={num_buckets // 2}."
+            )
         self.num_buckets, self.max_distance = num_buckets, max_distance
         # Every distance >= max_distance falls in the last bucket, so a lookup
         # over 0..max_distance covers all of them.
         lut = [causal_bucket(n, num_buckets, max_distance) for n in range(max_distance + 1)]
         self.register_buffer("bucket_of_distance", torch.tensor(lut), persistent=False)
-        self.table = nn.Parameter(torch.randn(num_buckets, dims.n_head) * dims.d_model ** -0.5)
+        self.table = nn.Parameter(torch.randn(num_buckets, dims.n_head) * dims.d_model**-0.5)
 
     def coefficients(self, layer, ctx):
         return (self.table[self.bucket_of_distance].t(),)  # (H, max_distance + 1)

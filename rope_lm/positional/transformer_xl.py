@@ -40,7 +40,7 @@ class TransformerXL(PositionalScheme):
     def content_scores(self, layer, q, k, q_pos, k_pos, ctx):
         values, index = distinct_distances(q_pos, k_pos)
         rel = self.relative_keys(layer, values).to(q.dtype)
-        position = ((q + self.v[:, None, :].to(q.dtype)) @ rel.transpose(-1, -2))  # (B, H, Tq, n)
+        position = (q + self.v[:, None, :].to(q.dtype)) @ rel.transpose(-1, -2)  # (B, H, Tq, n)
         position = position.gather(-1, index.expand(*q.shape[:2], *index.shape))
         global_content = self.u[:, None, :].to(q.dtype) @ k.transpose(-1, -2)  # (B, H, 1, Tk)
         return (position + global_content) / math.sqrt(q.shape[-1])

@@ -13,7 +13,7 @@ import math
 
 import torch
 
-from rope_lm.errors import ConfigError
+from rope_lm.core.errors import ConfigError
 from rope_lm.positional import SCHEMES
 from rope_lm.positional.rope import RoPE
 
@@ -24,8 +24,15 @@ MAX_LOG_GAIN = 80.0
 
 @SCHEMES.register("xpos")
 class XPos(RoPE):
-    def __init__(self, dims, base: float = 10000.0, rotary_fraction: float = 1.0, pairing: str = "interleaved",
-                 gamma: float = 0.4, scale_base: float = 512.0):
+    def __init__(
+        self,
+        dims,
+        base: float = 10000.0,
+        rotary_fraction: float = 1.0,
+        pairing: str = "interleaved",
+        gamma: float = 0.4,
+        scale_base: float = 512.0,
+    ):
         super().__init__(dims, base=base, rotary_fraction=rotary_fraction, pairing=pairing)
         if not gamma > 0:
             raise ConfigError(f"pos.gamma={gamma} must be positive (xPos decay offset).")

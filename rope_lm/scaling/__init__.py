@@ -6,7 +6,7 @@ conf/scaling/<name>.yaml. frequencies.py holds the RoPE frequency formulas as
 pure functions.
 """
 
-from rope_lm.errors import ConfigError
+from rope_lm.core.errors import ConfigError
 from rope_lm.scaling.base import METHODS, ScalingMethod, methods_for
 
 

@@ -1,4 +1,4 @@
-"""The extrapolation-method interface (see DESIGN.md, "Extrapolation methods").
+"""The extrapolation-method interface (docs/methods.md).
 
 A method may act at four points of a forward pass, each an identity here:
 RoPE frequencies, the position tensor, a learned absolute position table, and
@@ -15,7 +15,7 @@ therefore the identity, so the whole training window is untouched.
 
 By default log-n acts only at evaluation: in a forward of a model in eval
 mode (``ctx.training`` is the model's ``.training``; Lightning switches it for
-validation, rope_lm.evaluation sets eval mode), whether or not autograd
+validation, rope_lm.eval.evaluation sets eval mode), whether or not autograd
 records. ``logn_in_training=True`` applies it to every forward, e.g. during a
 fine-tune at a longer length.
 """
@@ -24,10 +24,10 @@ import math
 
 import torch
 
-from rope_lm.attention import AttnPlan
-from rope_lm.errors import ConfigError
-from rope_lm.frequencies import default_inv_freq
-from rope_lm.registry import Registry
+from rope_lm.core.errors import ConfigError
+from rope_lm.core.registry import Registry
+from rope_lm.kernels.attention import AttnPlan
+from rope_lm.positional.frequencies import default_inv_freq
 
 # The registry lives with the interface, so the interface never imports the package that imports it.
 METHODS = Registry("extrapolation method", "rope_lm.scaling", "scaling.name")

@@ -20,7 +20,7 @@ positions can be served.
 
 import torch
 
-from rope_lm.errors import ConfigError
+from rope_lm.core.errors import ConfigError
 from rope_lm.scaling import METHODS
 from rope_lm.scaling.base import ScalingMethod
 

@@ -9,7 +9,7 @@ other method takes `logn: true` to add it (label e.g. ``ntk+logn``).
 See rope_lm/scaling/base.py for when it acts (evaluation only by default).
 """
 
-from rope_lm.errors import ConfigError
+from rope_lm.core.errors import ConfigError
 from rope_lm.scaling import METHODS
 from rope_lm.scaling.base import ScalingMethod
 

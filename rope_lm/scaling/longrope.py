@@ -17,8 +17,8 @@ sin, so the logits by its square.
 import json
 import os
 
-from rope_lm.errors import ConfigError
-from rope_lm import frequencies as F
+from rope_lm.core.errors import ConfigError
+import rope_lm.positional.frequencies as F
 from rope_lm.scaling import METHODS
 from rope_lm.scaling.rope_frequency import FrequencyMethod
 
@@ -26,8 +26,10 @@ from rope_lm.scaling.rope_frequency import FrequencyMethod
 def _factor_list(value, key: str):
     if value is None:
         return None
-    if not isinstance(value, (list, tuple)) or not value or not all(
-        isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 for v in value
+    if (
+        not isinstance(value, (list, tuple))
+        or not value
+        or not all(isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 for v in value)
     ):
         raise ConfigError(f"scaling.{key} must be a list of positive numbers, one per rotary pair (got {value!r}).")
     return [float(v) for v in value]
@@ -35,24 +37,39 @@ def _factor_list(value, key: str):
 
 @METHODS.register("longrope")
 class LongRoPE(FrequencyMethod):
-    def __init__(self, factor="auto", short_factor=None, long_factor=None, factors_file: str | None = None,
-                 attention_factor: float | None = None, **common):
+    def __init__(
+        self,
+        factor="auto",
+        short_factor=None,
+        long_factor=None,
+        factors_file: str | None = None,
+        attention_factor: float | None = None,
+        **common,
+    ):
         super().__init__(factor, **common)
         from_file = {}
         if factors_file:
             if not os.path.isfile(factors_file):
-                raise ConfigError(f"scaling.factors_file={factors_file!r} does not exist; give a JSON file with "
-                                  f"short_factor and long_factor lists.")
+                raise ConfigError(
+                    f"scaling.factors_file={factors_file!r} does not exist; give a JSON file with "
+                    f"short_factor and long_factor lists."
+                )
             try:
                 with open(factors_file) as f:
                     from_file = json.load(f)
             except (OSError, json.JSONDecodeError) as e:
                 raise ConfigError(f"scaling.factors_file={factors_file!r} is not readable JSON ({e}).") from None
             if not isinstance(from_file, dict):
-                raise ConfigError(f"scaling.factors_file={factors_file!r} must hold a JSON object with short_factor / long_factor.")
+                raise ConfigError(
+                    f"scaling.factors_file={factors_file!r} must hold a JSON object with short_factor / long_factor."
+                )
         self.factors_file = factors_file
-        self.long_factor = _factor_list(long_factor if long_factor is not None else from_file.get("long_factor"), "long_factor")
-        self.short_factor = _factor_list(short_factor if short_factor is not None else from_file.get("short_factor"), "short_factor")
+        self.long_factor = _factor_list(
+            long_factor if long_factor is not None else from_file.get("long_factor"), "long_factor"
+        )
+        self.short_factor = _factor_list(
+            short_factor if short_factor is not None else from_file.get("short_factor"), "short_factor"
+        )
         if self.long_factor is None:
             raise ConfigError(
                 "longrope needs its searched per-pair factors: set scaling.long_factor (a list of rot_dim/2 numbers, "
@@ -64,14 +81,26 @@ class LongRoPE(FrequencyMethod):
                 f"scaling.short_factor has {len(self.short_factor)} entries but scaling.long_factor "
                 f"{len(self.long_factor)}; both need one per rotary pair."
             )
-        if attention_factor is not None and (isinstance(attention_factor, bool) or not isinstance(attention_factor, (int, float)) or attention_factor <= 0):
+        if attention_factor is not None and (
+            isinstance(attention_factor, bool)
+            or not isinstance(attention_factor, (int, float))
+            or attention_factor <= 0
+        ):
             raise ConfigError(f"scaling.attention_factor={attention_factor!r} must be a positive number or null.")
         self.attention_factor = attention_factor
 
     def compute(self, rot_dim, base, ctx):
         short = self.short_factor if self.short_factor is not None else [1.0] * len(self.long_factor)
-        return F.longrope(rot_dim, base, ctx.train_len, self.target_len(ctx), short, self.long_factor,
-                          seq_len=ctx.seq_len, attention_factor=self.attention_factor)
+        return F.longrope(
+            rot_dim,
+            base,
+            ctx.train_len,
+            self.target_len(ctx),
+            short,
+            self.long_factor,
+            seq_len=ctx.seq_len,
+            attention_factor=self.attention_factor,
+        )
 
     def describe(self, scheme, ctx):
         out = super().describe(scheme, ctx)

@@ -16,13 +16,13 @@ alt_k_pos[j], whose relative position is alt_q_pos[i] - alt_k_pos[j].
 Where no pair is far (w > T - 1), or Self-Extend's group is 1 (its grouped
 positions are the true ones), the plan is plain causal attention, which
 keeps those lengths on the plain kernel. Other plans take the two-pass kernel
-(rope_lm/two_pass.py): near band and far region each over only its keys.
+(rope_lm/kernels/two_pass.py): near band and far region each over only its keys.
 """
 
 import torch
 
-from rope_lm.attention import AttnPlan
-from rope_lm.errors import ConfigError
+from rope_lm.core.errors import ConfigError
+from rope_lm.kernels.attention import AttnPlan
 from rope_lm.scaling import METHODS
 from rope_lm.scaling.base import ScalingMethod, positive_int
 

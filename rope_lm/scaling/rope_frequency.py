@@ -1,6 +1,6 @@
 """RoPE frequency methods: pi, ntk, dynamic_ntk, ntk_by_parts, yarn, llama3.
 
-The formulas are the pure functions of rope_lm/frequencies.py; the
+The formulas are the pure functions of rope_lm/positional/frequencies.py; the
 classes here choose the target length for each forward:
 
 * ``factor: auto`` (the default): s = max(1, T / L) for the current sequence
@@ -20,8 +20,8 @@ import math
 
 import torch
 
-from rope_lm.errors import ConfigError
-from rope_lm import frequencies as F
+from rope_lm.core.errors import ConfigError
+import rope_lm.positional.frequencies as F
 from rope_lm.scaling import METHODS
 from rope_lm.scaling.base import ScalingMethod
 
@@ -106,7 +106,7 @@ class FrequencyMethod(ScalingMethod):
         if spec is not None:
             inv_freq, attention_factor = self.rope_frequencies(spec.rot_dim, spec.base, ctx)
             out["attention_factor"] = attention_factor
-            out["logit_scale_from_attention_factor"] = attention_factor ** 2
+            out["logit_scale_from_attention_factor"] = attention_factor**2
             out.update(summarize(inv_freq, F.plain_inv_freq(spec.rot_dim, spec.base)))
         return out
 
@@ -147,7 +147,9 @@ class NTKAware(FrequencyMethod):
     def describe(self, scheme, ctx):
         out = super().describe(scheme, ctx)
         if "pairs" in out:
-            out["effective_base"] = F.ntk_base(scheme.rot_dim, float(scheme.base), out["scale"]) if out["scale"] > 1 else float(scheme.base)
+            out["effective_base"] = (
+                F.ntk_base(scheme.rot_dim, float(scheme.base), out["scale"]) if out["scale"] > 1 else float(scheme.base)
+            )
         return out
 
 
@@ -210,19 +212,40 @@ class YaRN(RampMethod):
     scaled by its square (transformers does the same). attention_factor
     overrides it."""
 
-    def __init__(self, factor="auto", beta_fast: float = 32.0, beta_slow: float = 1.0,
-                 attention_factor: float | None = None, truncate: bool = True, **common):
+    def __init__(
+        self,
+        factor="auto",
+        beta_fast: float = 32.0,
+        beta_slow: float = 1.0,
+        attention_factor: float | None = None,
+        truncate: bool = True,
+        **common,
+    ):
         super().__init__(factor, beta_fast, beta_slow, **common)
         if not isinstance(truncate, bool):
             raise ConfigError(f"scaling.truncate={truncate!r} must be true or false.")
         self.truncate = truncate
-        if attention_factor is not None and (isinstance(attention_factor, bool) or not isinstance(attention_factor, (int, float)) or attention_factor <= 0):
-            raise ConfigError(f"scaling.attention_factor={attention_factor!r} must be a positive number or null (YaRN's 0.1 ln s + 1).")
+        if attention_factor is not None and (
+            isinstance(attention_factor, bool)
+            or not isinstance(attention_factor, (int, float))
+            or attention_factor <= 0
+        ):
+            raise ConfigError(
+                f"scaling.attention_factor={attention_factor!r} must be a positive number or null (YaRN's 0.1 ln s + 1)."
+            )
         self.attention_factor = attention_factor
 
     def compute(self, rot_dim, base, ctx):
-        return F.yarn(rot_dim, base, ctx.train_len, self.target_len(ctx), self.beta_fast, self.beta_slow,
-                      self.attention_factor, self.truncate)
+        return F.yarn(
+            rot_dim,
+            base,
+            ctx.train_len,
+            self.target_len(ctx),
+            self.beta_fast,
+            self.beta_slow,
+            self.attention_factor,
+            self.truncate,
+        )
 
 
 @METHODS.register("llama3")
@@ -231,8 +254,11 @@ class Llama3(FrequencyMethod):
 
     def __init__(self, factor="auto", low_freq_factor: float = 1.0, high_freq_factor: float = 4.0, **common):
         super().__init__(factor, **common)
-        if not (isinstance(low_freq_factor, (int, float)) and isinstance(high_freq_factor, (int, float))
-                and 0 < low_freq_factor < high_freq_factor):
+        if not (
+            isinstance(low_freq_factor, (int, float))
+            and isinstance(high_freq_factor, (int, float))
+            and 0 < low_freq_factor < high_freq_factor
+        ):
             raise ConfigError(
                 f"llama3 needs 0 < scaling.low_freq_factor < scaling.high_freq_factor "
                 f"(got {low_freq_factor!r} and {high_freq_factor!r})."

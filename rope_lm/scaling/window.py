@@ -19,8 +19,8 @@ the text, only the mask changes.
 
 import torch
 
-from rope_lm.attention import AttnPlan
-from rope_lm.errors import ConfigError
+from rope_lm.core.errors import ConfigError
+from rope_lm.kernels.attention import AttnPlan
 from rope_lm.scaling import METHODS
 from rope_lm.scaling.base import ScalingMethod, positive_int
 
@@ -35,8 +35,10 @@ class SlidingWindow(ScalingMethod):
         if isinstance(sinks, bool) or not isinstance(sinks, int) or sinks < 0:
             raise ConfigError(f"scaling.sinks={sinks!r} must be a number of tokens >= 0 (StreamingLLM keeps 4).")
         if sink_positions not in SINK_POSITIONS:
-            raise ConfigError(f"scaling.sink_positions={sink_positions!r} must be cache (the sinks just before the "
-                              f"window, as StreamingLLM's rolling cache numbers them) or text (where they are).")
+            raise ConfigError(
+                f"scaling.sink_positions={sink_positions!r} must be cache (the sinks just before the "
+                f"window, as StreamingLLM's rolling cache numbers them) or text (where they are)."
+            )
         self.sinks = sinks
         self.sink_positions = sink_positions
         # Read by a growing KV cache: the sinks' far-pass rotation is redone as the length grows.

@@ -9,7 +9,12 @@ package imports numpy, never torch, so that compare.py can name a run's
 method without loading torch.
 """
 
-from rope_lm.train_positions.base import (TRAIN_POSITIONS, TrainPositions, build_train_positions, draw_batch,
-                                          train_positions_label)
+from rope_lm.train_positions.base import (
+    TRAIN_POSITIONS,
+    TrainPositions,
+    build_train_positions,
+    draw_batch,
+    train_positions_label,
+)
 
 __all__ = ["TRAIN_POSITIONS", "TrainPositions", "build_train_positions", "draw_batch", "train_positions_label"]

@@ -10,8 +10,8 @@ data-parallel run draw different ids without sharing a state.
 
 import numpy as np
 
-from rope_lm.errors import ConfigError
-from rope_lm.registry import Registry
+from rope_lm.core.errors import ConfigError
+from rope_lm.core.registry import Registry
 
 TRAIN_POSITIONS = Registry("training-time position method", "rope_lm.train_positions", "train_pos.name")
 
@@ -60,8 +60,10 @@ class TrainPositions:
 
 def check_factor(name: str, factor) -> float:
     if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not factor >= 1 or factor == float("inf"):
-        raise ConfigError(f"train_pos.factor={factor!r} must be a finite number >= 1 (method {name!r}): the ids "
-                          f"of a window of L tokens cover factor x L positions.")
+        raise ConfigError(
+            f"train_pos.factor={factor!r} must be a finite number >= 1 (method {name!r}): the ids "
+            f"of a window of L tokens cover factor x L positions."
+        )
     return float(factor)
 
 

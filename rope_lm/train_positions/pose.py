@@ -13,7 +13,7 @@ from typing import Literal
 
 import numpy as np
 
-from rope_lm.errors import ConfigError
+from rope_lm.core.errors import ConfigError
 from rope_lm.train_positions.base import TRAIN_POSITIONS, TrainPositions, check_factor
 
 SKIPS = ("paper", "uniform")
@@ -32,11 +32,14 @@ class PoSE(TrainPositions):
     def __init__(self, factor: float = 16.0, chunks: int = 2, skips: Literal["paper", "uniform"] = "paper"):
         self.factor = check_factor(self.name, factor)
         if isinstance(chunks, bool) or not isinstance(chunks, int) or chunks < 2:
-            raise ConfigError(f"train_pos.chunks={chunks!r} must be an integer >= 2 (method 'pose'): with one chunk "
-                              f"and u_0 = 0 the ids are plain positions.")
+            raise ConfigError(
+                f"train_pos.chunks={chunks!r} must be an integer >= 2 (method 'pose'): with one chunk "
+                f"and u_0 = 0 the ids are plain positions."
+            )
         if skips not in SKIPS:
-            raise ConfigError(f"train_pos.skips={skips!r} is not a skip distribution of 'pose'; use one of "
-                              f"{', '.join(SKIPS)}.")
+            raise ConfigError(
+                f"train_pos.skips={skips!r} is not a skip distribution of 'pose'; use one of {', '.join(SKIPS)}."
+            )
         self.chunks, self.skips = chunks, skips
 
     @property
@@ -51,8 +54,10 @@ class PoSE(TrainPositions):
 
     def check(self, length):
         if length < self.chunks:
-            raise ConfigError(f"train_pos.chunks={self.chunks} needs windows of at least {self.chunks} tokens (one "
-                              f"per chunk), but data.seq_len={length}.")
+            raise ConfigError(
+                f"train_pos.chunks={self.chunks} needs windows of at least {self.chunks} tokens (one "
+                f"per chunk), but data.seq_len={length}."
+            )
 
     def chunk_lengths(self, rng, length: int) -> np.ndarray:
         cuts = np.sort(rng.choice(np.arange(1, length), size=self.chunks - 1, replace=False))

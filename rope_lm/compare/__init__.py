@@ -1,0 +1,1 @@
+"""Runs side by side: comparisons, labels, published claims, the results page."""

@@ -1,0 +1,89 @@
+"""The names compared runs go by, for the perplexity and the task
+comparisons alike: scheme (+ method), and where two runs would share a name,
+the settings they really differ in, else their folders."""
+
+import json
+import os
+
+from rope_lm.runs.run_settings import BOOKKEEPING, TASK_BOOKKEEPING, without
+
+# Seed replicas: runs whose settings are equal once the seed and the bookkeeping
+# (rope_lm.runs.run_settings.BOOKKEEPING, TASK_BOOKKEEPING) are left out.
+NOT_A_SETTING = BOOKKEEPING | TASK_BOOKKEEPING | {"seed"}
+# Where a run's inputs came from (the checkpoint it resumed or evaluated, the
+# tokenizer file an evaluation copied), not what it computed: never a name.
+NOT_A_NAME = ("ckpt_path", "init_from", "existing", "data.tokenizer_file")
+
+
+def run_name(scheme: str, method: str = "none", train_pos: str = "none") -> str:
+    """A run's row name before any clash is resolved: scheme, then [train: <its
+    training-time position method>], then + <evaluation method> (neither when none)."""
+    return (
+        scheme
+        + ("" if train_pos == "none" else f" [train: {train_pos}]")
+        + ("" if method == "none" else f" + {method}")
+    )
+
+
+def flat_settings(config: dict | None) -> dict:
+    """A results file's config as dotted keys, without NOT_A_SETTING."""
+    return flatten(without(config or {}, NOT_A_SETTING))
+
+
+def flatten(d, prefix: str = "") -> dict:
+    out = {}
+    for k, v in (d or {}).items():
+        if isinstance(v, dict):
+            out.update(flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def differing_keys(flat: list[dict]) -> list[str]:
+    """The keys every config has and not all with one value. A key some
+    config lacks is no difference: an evaluation's results file has no
+    optim.* or trainer.* (it trained nothing), an older run lacks an option
+    added since."""
+    common = set.intersection(*(set(f) for f in flat)) if flat else set()
+    return sorted(
+        k
+        for k in common
+        if not k.startswith(NOT_A_NAME) and len({json.dumps(f[k], sort_keys=True, default=str) for f in flat}) > 1
+    )
+
+
+def distinct_labels(entries: list[tuple]) -> list[str]:
+    """entries: (scope, base label, flat settings, folder, seed or None) per row;
+    rows of one scope (a table) must not share a name. Every row of a base
+    label that clashes somewhere gets the settings the clashing rows differ in
+    (so one label reads the same in every scope: a budget sweep's
+    train.steps=1000 / 10000); rows that still clash get their seeds where
+    those tell them apart (seed replicas: "rope (seed=1)"), else their
+    folders (the same settings twice)."""
+    labels = [base for _, base, _, _, _ in entries]
+
+    def clashes():
+        by = {}
+        for i, (scope, *_rest) in enumerate(entries):
+            by.setdefault((scope, labels[i]), []).append(i)
+        return [idx for idx in by.values() if len(idx) > 1]
+
+    shown = {}
+    for idx in clashes():
+        shown.setdefault(labels[idx[0]], set()).update(differing_keys([entries[i][2] for i in idx]))
+    for i, (_, _, flat, _, _) in enumerate(entries):
+        keys = [k for k in sorted(shown.get(labels[i], ())) if k in flat]
+        if keys:
+            labels[i] += " (" + ", ".join(f"{k}={flat[k]}" for k in keys) + ")"
+    for idx in clashes():
+        seeds = [entries[i][4] for i in idx]
+        if None not in seeds and len(set(map(str, seeds))) == len(idx):
+            for i, seed in zip(idx, seeds):
+                labels[i] += f" (seed={seed})"
+    for idx in clashes():
+        # From the parents: a run and its own evaluation (run/eval/none-pi) are "run" and "run/eval/none-pi".
+        root = os.path.commonpath([os.path.dirname(entries[i][3]) for i in idx])
+        for i in idx:
+            labels[i] += f" ({os.path.relpath(entries[i][3], root)})"
+    return labels

@@ -1,0 +1,1 @@
+"""Chores every layer shares: errors, atomic files, markdown tables, registries, typed settings."""

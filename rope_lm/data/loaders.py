@@ -1,0 +1,106 @@
+"""Loaders over a token cache (rope_lm/data/token_cache.py builds it): fixed-length
+windows, a resumable sample order, the Lightning data module."""
+
+import lightning as L
+import numpy as np
+import torch
+
+from rope_lm.core.errors import ConfigError
+from rope_lm.data.token_cache import (  # noqa: F401  (the data layer's public names, kept where callers import them)
+    CACHE_FORMAT,
+    EOS,
+    DataConfig,
+    TokenCache,
+    cache_problem,
+    load_tokenizer,
+    prepare,
+    train_tokenizer,
+)
+
+
+class TokenWindows(torch.utils.data.Dataset):
+    """Non-overlapping (input, target) windows of seq_len tokens from a token array."""
+
+    def __init__(self, tokens: np.ndarray, seq_len: int, max_tokens: int | None = None):
+        self.tokens = tokens
+        self.seq_len = seq_len
+        usable = len(tokens) - 1 if max_tokens is None else min(len(tokens) - 1, max_tokens)
+        self.n = max(0, usable // seq_len)
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        s = i * self.seq_len
+        chunk = torch.from_numpy(np.asarray(self.tokens[s : s + self.seq_len + 1], dtype=np.int64))
+        return chunk[:-1], chunk[1:]
+
+
+class StepSampler(torch.utils.data.Sampler):
+    """Sample order fixed by (seed, global sample index): epoch e is permutation
+    seed + e of the windows. Starting at ``start`` samples resumes the exact
+    order of an uninterrupted run; ranks take interleaved samples.
+
+    Endless unless ``total`` is given: training stops at trainer.max_steps, so
+    Lightning's own epoch bookkeeping (which a resume would restore mid-epoch)
+    never decides which data comes next."""
+
+    def __init__(self, n: int, seed: int, total: int | None = None, start: int = 0, rank: int = 0, world: int = 1):
+        self.n, self.seed, self.total, self.start, self.rank, self.world = n, seed, total, start, rank, world
+
+    def _perm(self, epoch):
+        g = torch.Generator().manual_seed(self.seed + epoch)
+        return torch.randperm(self.n, generator=g)
+
+    def __iter__(self):
+        epoch, perm = None, None
+        g = self.start + self.rank
+        while self.total is None or g < self.total:
+            if g // self.n != epoch:
+                epoch = g // self.n
+                perm = self._perm(epoch)
+            yield int(perm[g % self.n])
+            g += self.world
+
+
+class LMDataModule(L.LightningDataModule):
+    """Train/validation loaders over a TokenCache.
+
+    The training sample order depends only on (seed, global sample index), and
+    the loader starts at the trainer's restored global step, so a resumed run
+    continues exactly where the interrupted one stopped (see StepSampler)."""
+
+    def __init__(self, cache: TokenCache, cfg: DataConfig, seed: int, accumulate: int = 1):
+        super().__init__()
+        self.cache, self.cfg, self.seed = cache, cfg, seed
+        self.accumulate = accumulate
+        self.train = TokenWindows(cache.tokens("train"), cfg.seq_len)
+        self.val = TokenWindows(cache.tokens("valid"), cfg.seq_len, cfg.val_tokens)
+        if len(self.train) < cfg.batch_size:
+            raise ConfigError(
+                f"data.batch_size={cfg.batch_size} is larger than the training split, which holds only "
+                f"{len(self.train)} windows of data.seq_len={cfg.seq_len} tokens ({len(cache.tokens('train'))} tokens). "
+                f"Lower the batch size or the sequence length, or use more text."
+            )
+        if len(self.val) == 0:
+            raise ConfigError(
+                f"The validation split has {len(cache.tokens('valid'))} tokens, fewer than one window of "
+                f"data.seq_len={cfg.seq_len}; lower data.seq_len or raise data.valid_fraction."
+            )
+
+    def train_dataloader(self):
+        t = self.trainer
+        per_step = self.cfg.batch_size * self.accumulate * t.world_size
+        sampler = StepSampler(len(self.train), self.seed, None, t.global_step * per_step, t.global_rank, t.world_size)
+        return torch.utils.data.DataLoader(
+            self.train,
+            batch_size=self.cfg.batch_size,
+            sampler=sampler,
+            num_workers=self.cfg.num_workers,
+            drop_last=True,
+        )
+
+    def val_dataloader(self):
+        return torch.utils.data.DataLoader(
+            self.val, batch_size=self.cfg.batch_size, shuffle=False, num_workers=self.cfg.num_workers
+        )

@@ -1,0 +1,1 @@
+"""Inference: decoding through the KV cache."""

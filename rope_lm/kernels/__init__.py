@@ -1,0 +1,1 @@
+"""Attention kernels: the explicit path, SDPA, flex, distance-bias rows and the two-pass merge."""

@@ -1,0 +1,469 @@
+"""Causal attention under a positional scheme, on the cheapest kernel it allows.
+
+* ``sdpa``: torch's scaled_dot_product_attention. Plain causal when the scheme
+  adds nothing to the logits. At inference, a bias that depends only on the
+  distance i - j is read out of one padded row per head, as a strided view
+  (rope_lm/kernels/distance_bias.py). Otherwise (training, FIRE past its L, T5 on
+  fractional positions) the bias (or a window) becomes a float mask one block
+  of queries at a time, or, where the scheme offers ``masked_bias`` (FIRE past
+  its L on the CPU), comes as that mask in one pass; memory grows linearly in
+  the sequence length either way.
+* ``flex``: FlexAttention with the scheme's score_mod and a causal (windowed)
+  block mask; compiled, so no T x T tensor exists. torch refuses flex
+  backward on CPU, so there it serves inference only and training falls back
+  to ``sdpa``; if compilation fails it falls back to ``sdpa`` too.
+* ``explicit``: the reference, written out: scores, bias, content terms,
+  mask, softmax, values. Also blocked over queries. Every other path must
+  agree with it (tests/test_attention.py).
+
+Grouped-query attention: k and v may carry fewer heads than q (a divisor of
+them). Every entry point but the two-pass kernel (which folds a group's
+query heads into rows instead, and serves only rotary schemes without
+per-head terms) repeats each key/value head over its group of query heads
+(match_heads) before the scheme sees them, so positional schemes
+with per-head parameters (ALiBi slopes, T5 buckets, ...) act on query heads
+and every kernel computes exactly the same thing as with full heads.
+
+Two-pass plans (ReRoPE, leaky ReRoPE, Self-Extend) go to ``two_pass``
+(rope_lm/kernels/two_pass.py: near band and far region each over only its keys,
+merged by log-sum-exp, grouped heads kept) unless ``explicit`` is asked for
+or the plan needs what that kernel lacks (two_pass.unsupported).
+
+``auto``: explicit where content-position terms require it; flex on CUDA
+for a bias or a window; sdpa otherwise, CPU included. On CPU, compiled flex
+spends 6-30 s compiling per new sequence length before it is faster than the
+blocked SDPA mask, which an evaluation over 5 lengths never earns back
+(measurements: docs/schemes.md).
+"""
+
+from dataclasses import dataclass
+import logging
+import math
+
+import torch
+import torch.nn.functional as F
+
+from rope_lm.kernels import distance_bias, two_pass
+
+log = logging.getLogger("rope_lm.kernels.attention")
+
+KERNELS = ("auto", "sdpa", "flex", "explicit")
+# Largest score block (elements) held at once; beyond it queries are processed
+# in blocks so that long evaluations never allocate a T x T tensor.
+MAX_SCORE_ELEMENTS = 1 << 24
+
+
+@dataclass
+class AttnPlan:
+    """What an extrapolation method asks of attention beyond plain causal."""
+
+    q_scale: torch.Tensor | None = None  # (T,) multiplier on each query (log-n scaling)
+    window: int | None = None  # query i sees key j only if i - j < window
+    # Second rotary pass (ReRoPE, Self-Extend): where i - j >= alt_from, the
+    # logit uses q rotated at alt_q_pos and k rotated at alt_k_pos instead.
+    alt_q_pos: torch.Tensor | None = None
+    alt_k_pos: torch.Tensor | None = None
+    alt_from: int | None = None
+    # StreamingLLM's attention sinks: under a window, keys 0..sink_tokens-1
+    # stay visible to every query.
+    sink_tokens: int = 0
+    # gpt-oss's learned sinks: (H,) logits that join each query's softmax
+    # denominator with no value (rope_lm/model/softmax_options.py).
+    sink_logits: torch.Tensor | None = None
+
+    @property
+    def two_pass(self) -> bool:
+        return self.alt_from is not None
+
+
+def choose_kernel(requested: str, scheme, plan: AttnPlan, device: torch.device, needs_grad: bool = False) -> str:
+    if plan.two_pass and requested != "explicit" and two_pass.fits(scheme, plan):
+        return "two_pass"
+    if scheme.has_content_terms or plan.two_pass:
+        return "explicit"
+    if requested in ("sdpa", "explicit"):
+        return requested
+    usable = flex_usable(scheme, device, needs_grad)
+    if requested == "flex":
+        return "flex" if usable else "sdpa"
+    if (scheme.has_bias or plan.window) and device.type == "cuda" and usable:
+        return "flex"
+    return "sdpa"
+
+
+def flex_supported(scheme) -> bool:
+    """Whether the scheme offers a score_mod (or needs none)."""
+    return not scheme.has_bias or type(scheme).score_mod is not _base_score_mod()
+
+
+def flex_usable(scheme, device: torch.device, needs_grad: bool) -> bool:
+    if not flex_supported(scheme) or device.type in getattr(scheme, "flex_failed_on", ()):
+        return False
+    # torch raises NotImplementedError for flex backward on CPU.
+    return not (needs_grad and (device.type == "cpu" or not scheme.flex_trains))
+
+
+def _base_score_mod():
+    from rope_lm.positional.base import PositionalScheme
+
+    return PositionalScheme.score_mod
+
+
+def match_heads(q, *kv):
+    """k, v (B, Hkv, T, D) repeated to q's H heads; query head h reads
+    key/value head h // (H / Hkv), the grouping of Llama and transformers."""
+    H = q.shape[1]
+    out = []
+    for t in kv:
+        if t.shape[1] != H:
+            if H % t.shape[1]:
+                raise ValueError(f"{t.shape[1]} key/value heads cannot serve {H} query heads.")
+            t = t.repeat_interleave(H // t.shape[1], dim=1)
+        out.append(t)
+    return out
+
+
+def attend(q, k, v, scheme, layer, pos, plan: AttnPlan, ctx, kernel: str = "auto"):
+    """q (B, H, T, D), k and v (B, H or a divisor of H, T, D) before any
+    rotation; returns (B, H, T, D)."""
+    needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    kernel = choose_kernel(kernel, scheme, plan, q.device, needs_grad)
+    if kernel == "two_pass":  # keeps grouped heads grouped
+        return two_pass.full_attention(q, k, v, scheme, layer, pos, plan, ctx, MAX_SCORE_ELEMENTS)
+    k, v = match_heads(q, k, v)
+    if kernel == "explicit":
+        return explicit_attention(q, k, v, scheme, layer, pos, plan, ctx)
+    q, k = scheme.rotate(q, k, pos, pos, layer, ctx)
+    if plan.q_scale is not None:
+        q = q * plan.q_scale.to(q.dtype)[:, None]
+    if kernel == "flex":
+        out = flex_path(q, k, v, scheme, layer, pos, plan, ctx)
+        if out is not None:
+            return out
+    return sdpa_path(q, k, v, scheme, layer, pos, plan, ctx)
+
+
+# Queries per block, at least, where a scheme's masked_bias fills the mask:
+# CPU SDPA re-reads a block's keys and values for every 32 queries of a block
+# under 192 rows and every 64 under 768 (ATen's split sizes), and at 16k
+# tokens a block of 170 rows costs 1.4x one of 384 (docs/benchmarks.md).
+MASKED_BIAS_MIN_QUERIES = 384
+
+
+def _query_blocks(B, H, T, min_queries=1, offset=0):
+    """(start, end) of query blocks over absolute indices offset..offset+T-1,
+    each small enough that its scores over keys 0..end fit MAX_SCORE_ELEMENTS."""
+    end = offset + T
+    block = max(min_queries, min(T, MAX_SCORE_ELEMENTS // max(1, B * H * end)))
+    return [(s, min(end, s + block)) for s in range(offset, end, block)]
+
+
+def _mask(T_q0, T_q1, T_k, plan, device, k0=0):
+    """Boolean mask of allowed pairs for queries T_q0..T_q1-1 over keys k0..T_k-1."""
+    i = torch.arange(T_q0, T_q1, device=device)[:, None]
+    j = torch.arange(k0, T_k, device=device)[None, :]
+    allowed = j <= i
+    if plan.window:
+        near = i - j < plan.window
+        allowed = allowed & (near | (j < plan.sink_tokens) if plan.sink_tokens else near)
+    return allowed
+
+
+def _window_keys(s, e, plan, device):
+    """The keys a block of queries s..e-1 can see: (first key, index tensor
+    or None). Under a window, keys before the first query's window are
+    dropped (a sliding-window layer costs T x (window + block), not T x T);
+    with sink tokens the first ones are kept too, as an index tensor."""
+    k0 = max(0, s - plan.window + 1) if plan.window else 0
+    if not plan.sink_tokens:
+        return k0, None
+    if k0 <= plan.sink_tokens:
+        return 0, None
+    return k0, torch.cat((torch.arange(plan.sink_tokens, device=device), torch.arange(k0, e, device=device)))
+
+
+def _with_sink_key(q, k, v, sink):
+    """q (B, h, t, D), k and v (B, h, s, D) and a key 0 prepended whose logit
+    is ``sink`` (broadcast to (B, h, t, 1)) for every query and whose value is
+    zero. The sink rides in an extra query channel that meets 1 / scale in
+    the sink key's and 0 in every other key's, so a fused kernel computes the
+    gpt-oss softmax exactly, gradients to the sink included. Channels are
+    padded to a multiple of 8 (what CUDA's fused kernels take); pass
+    scale=1 / sqrt(D) to SDPA."""
+    B, h, t, D = q.shape
+    pad = 8 - D % 8
+    col = sink.to(q.dtype).expand(B, h, t, 1)
+    q = torch.cat((q, col, q.new_zeros(B, h, t, pad - 1)), -1)
+    k = F.pad(k, (0, pad))
+    key = k.new_zeros(B, k.shape[1], 1, D + pad)
+    key[..., D] = math.sqrt(D)
+    k = torch.cat((key, k), 2)
+    v = torch.cat((v.new_zeros(B, v.shape[1], 1, v.shape[3]), v), 2)
+    return q, k, v
+
+
+def _sink_column(plan, H):
+    return plan.sink_logits.reshape(1, H, 1, 1)
+
+
+def sdpa_path(q, k, v, scheme, layer, pos, plan, ctx):
+    k, v = match_heads(q, k, v)
+    B, H, T, D = q.shape
+    sinks = plan.sink_logits is not None
+    if not scheme.has_bias and not plan.window:
+        if not sinks:
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        # A query row in front that no one reads keeps causal SDPA aligned:
+        # query i + 1 sees the sink (key 0) and keys 0..i (keys 1..i + 1).
+        qs, ks, vs = _with_sink_key(q, k, v, _sink_column(plan, H))
+        qs = F.pad(qs, (0, 0, 1, 0))
+        return F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=1 / math.sqrt(D))[:, :, 1:]
+    if scheme.has_bias and not sinks and not plan.sink_tokens and _distance_path_allowed(q, k, v):
+        table = distance_bias.padded_table(scheme, layer, pos, plan, ctx, q.dtype)
+        if table is not None:
+            return distance_bias.toeplitz_attention(q, k, v, table, plan)
+        out = _masked_bias_attention(q, k, v, scheme, layer, pos, plan, ctx) if q.dtype == torch.float32 else None
+        if out is not None:
+            return out
+    out = []
+    for s, e in _query_blocks(B, H, T):
+        # Keys after the last query of the block are all masked, and so are
+        # those out of every window of the block (_window_keys).
+        k0, keys = _window_keys(s, e, plan, q.device)
+        kb, vb, kpos = (
+            (k[:, :, k0:e], v[:, :, k0:e], pos[k0:e]) if keys is None else (k[:, :, keys], v[:, :, keys], pos[keys])
+        )
+        allowed = _mask(s, e, e, plan, q.device, k0) if keys is None else _mask(s, e, e, plan, q.device)[:, keys]
+        mask = torch.zeros(allowed.shape, dtype=q.dtype, device=q.device).masked_fill(~allowed, float("-inf"))
+        if scheme.has_bias:
+            # A 4-D (B, H, ...) mask: torch's CPU SDPA takes its fused kernel
+            # for 2-D and 4-D masks but falls back to the slow math path for
+            # a 3-D (H, Tq, Tk) one (7x slower measured at T=128).
+            bias = scheme.bias(layer, pos[s:e], kpos, ctx).to(q.dtype)
+            mask = (mask + bias).expand(B, H, *allowed.shape)
+        qb = q[:, :, s:e]
+        if sinks:
+            qb, kb, vb = _with_sink_key(qb, kb, vb, _sink_column(plan, H))
+            mask = F.pad(mask, (1, 0))
+        out.append(
+            F.scaled_dot_product_attention(qb, kb, vb, attn_mask=mask, scale=1 / math.sqrt(D) if sinks else None)
+        )
+    return torch.cat(out, dim=2)
+
+
+def _masked_bias_attention(q, k, v, scheme, layer, pos, plan, ctx):
+    """Blocks whose mask the scheme fills itself, bias included
+    (PositionalScheme.masked_bias); None when it does not offer one."""
+    B, H, T, _ = q.shape
+    out = []
+    for s, e in _query_blocks(B, H, T, MASKED_BIAS_MIN_QUERIES):
+        mask = scheme.masked_bias(layer, pos, s, e, plan.window, ctx)
+        if mask is None:
+            return None  # decided by the scheme and the positions, so at the first block
+        out.append(
+            F.scaled_dot_product_attention(
+                q[:, :, s:e], k[:, :, :e], v[:, :, :e], attn_mask=mask.expand(B, H, e - s, e)
+            )
+        )
+    return torch.cat(out, dim=2)
+
+
+def _distance_path_allowed(q, k, v) -> bool:
+    """The one-row distance bias serves inference in eager mode. Training
+    (short sequences, where the per-block bias costs little) keeps the
+    per-block path: its gradients reach the scheme's parameters through a
+    plain (H, Tq, Tk) bias, and it has no data-dependent checks to break a
+    compiled graph."""
+    needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    return not needs_grad and not torch.compiler.is_compiling()
+
+
+def _prepare(q, k, scheme, layer, pos, plan, ctx):
+    """Rotated q and k, the second rotary pass if any, with log-n applied to
+    every query (the raw q too: content-position terms see the same query)."""
+    qr, kr = scheme.rotate(q, k, pos, pos, layer, ctx)
+    q2 = k2 = None
+    if plan.two_pass:
+        q2, k2 = scheme.rotate(q, k, plan.alt_q_pos, plan.alt_k_pos, layer, ctx)
+    if plan.q_scale is not None:
+        qs = plan.q_scale.to(q.dtype)[:, None]
+        qr, q = qr * qs, q * qs
+        if plan.two_pass:
+            q2 = q2 * qs
+    return q, k, qr, kr, q2, k2
+
+
+def _block_probs(prepared, scheme, layer, pos, plan, ctx, s, e, q0=0):
+    """Float32 attention probabilities of queries s..e-1 over keys 0..e-1
+    (absolute indices; the query tensors of ``prepared`` start at q0)."""
+    q, k, qr, kr, q2, k2 = prepared
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    rows = slice(s - q0, e - q0)
+    scores = (qr[:, :, rows] @ kr[:, :, :e].transpose(-1, -2)) * scale
+    if plan.two_pass:
+        far = (
+            torch.arange(s, e, device=q.device)[:, None] - torch.arange(e, device=q.device)[None, :]
+        ) >= plan.alt_from
+        scores = torch.where(far, (q2[:, :, rows] @ k2[:, :, :e].transpose(-1, -2)) * scale, scores)
+    if scheme.has_bias:
+        scores = scores + scheme.bias(layer, pos[s:e], pos[:e], ctx).to(scores.dtype)
+    extra = scheme.content_scores(layer, q[:, :, rows], k[:, :, :e], pos[s:e], pos[:e], ctx)
+    if extra is not None:
+        scores = scores + extra
+    scores = scores.masked_fill(~_mask(s, e, e, plan, q.device), float("-inf")).float()
+    if plan.sink_logits is None:
+        return torch.softmax(scores, dim=-1)
+    sink = plan.sink_logits.float().reshape(1, -1, 1, 1).expand(*scores.shape[:-1], 1)
+    return torch.softmax(torch.cat((scores, sink), -1), dim=-1)[..., :-1]
+
+
+def attention_probs(q, k, scheme, layer, pos, plan, ctx) -> torch.Tensor:
+    """(B, H, T, T) float32 probabilities of the explicit path, for diagnostics."""
+    (k,) = match_heads(q, k)
+    T = q.shape[2]
+    return _block_probs(_prepare(q, k, scheme, layer, pos, plan, ctx), scheme, layer, pos, plan, ctx, 0, T)
+
+
+def explicit_attention(q, k, v, scheme, layer, pos, plan, ctx):
+    k, v = match_heads(q, k, v)
+    return _explicit_blocks(_prepare(q, k, scheme, layer, pos, plan, ctx), v, scheme, layer, pos, plan, ctx)
+
+
+def _explicit_blocks(prepared, v, scheme, layer, pos, plan, ctx, q0=0):
+    """The explicit path over prepared (rotated, scaled) tensors whose
+    queries are the last ones, from absolute index q0, of len(pos) tokens."""
+    B, H, t, _ = prepared[2].shape
+    out = []
+    for s, e in _query_blocks(B, H, t, offset=q0):
+        probs = _block_probs(prepared, scheme, layer, pos, plan, ctx, s, e, q0).to(v.dtype)
+        y = probs @ v[:, :, :e]
+        value = scheme.value_term(layer, probs, pos[s:e], pos[:e], ctx)
+        out.append(y if value is None else y + value)
+    return torch.cat(out, dim=2)
+
+
+def offset_attention(q, kr, v, scheme, layer, pos, plan, ctx, *, qr, k=None, q2=None, k2=None):
+    """Queries at the last q.shape[2] of len(pos) positions over every key
+    0..len(pos)-1, as a KV cache calls attention. q is unrotated (content
+    terms read it), qr and q2 rotated at the query positions; kr, k2 and v
+    cover every key, grouped heads unrepeated. Log-n's q_scale is applied
+    here. Equals the rows of the full forward's attention for those queries."""
+    q0 = pos.shape[0] - q.shape[2]
+    if plan.q_scale is not None:
+        qs = plan.q_scale[q0:].to(q.dtype)[:, None]
+        q, qr = q * qs, qr * qs
+        q2 = None if q2 is None else q2 * qs
+    if plan.two_pass and two_pass.fits(scheme, plan):
+        return two_pass.attention(qr, kr, q2, k2, v, plan, q0, MAX_SCORE_ELEMENTS)
+    if scheme.has_content_terms or plan.two_pass:
+        kk = kr if k is None else k
+        kk, kr, v = match_heads(q, kk, kr, v)
+        if plan.two_pass:
+            (k2,) = match_heads(q, k2)
+        return _explicit_blocks((q, kk, qr, kr, q2, k2), v, scheme, layer, pos, plan, ctx, q0)
+    if q0 == 0:  # a prefill: the full forward's kernels (causal SDPA, distance bias)
+        return sdpa_path(qr, kr, v, scheme, layer, pos, plan, ctx)
+    return _offset_sdpa(qr, kr, v, scheme, layer, pos, plan, ctx, q0)
+
+
+def _offset_sdpa(q, k, v, scheme, layer, pos, plan, ctx, q0):
+    """SDPA for queries q0.. over keys 0..; grouped heads are folded into the
+    query rows, (B, Hkv, G * t, D), so the cached keys are never repeated."""
+    B, H, t, D = q.shape
+    Hkv = k.shape[1]
+    G = H // Hkv
+    out = []
+    sinks = plan.sink_logits is not None
+    for s, e in _query_blocks(B, H, t, offset=q0):
+        qb = q[:, :, s - q0 : e - q0].reshape(B, Hkv, G * (e - s), D)
+        kb, vb = k[:, :, :e], v[:, :, :e]
+        if sinks:  # per query head, so per (group, query) row of the folded layout
+            col = plan.sink_logits.reshape(1, Hkv, G, 1, 1).expand(1, Hkv, G, e - s, 1)
+            qb, kb, vb = _with_sink_key(qb, kb, vb, col.reshape(1, Hkv, G * (e - s), 1))
+        mask = None
+        if scheme.has_bias or plan.window or e - s > 1:
+            mask = torch.zeros(e - s, e, dtype=q.dtype, device=q.device)
+            mask = mask.masked_fill(~_mask(s, e, e, plan, q.device), float("-inf"))
+            if scheme.has_bias:
+                mask = mask + scheme.bias(layer, pos[s:e], pos[:e], ctx).to(q.dtype)  # (H, tq, e)
+                mask = mask.reshape(1, Hkv, G * (e - s), e)
+            else:
+                mask = mask.repeat(G, 1)
+            if sinks:
+                mask = F.pad(mask, (1, 0))
+        y = F.scaled_dot_product_attention(qb, kb, vb, attn_mask=mask, scale=1 / math.sqrt(D) if sinks else None)
+        out.append(y.reshape(B, H, e - s, D))
+    return torch.cat(out, dim=2)
+
+
+_compiled_flex = None
+
+
+def _flex_fn(compiled: bool):
+    from torch.nn.attention.flex_attention import flex_attention
+
+    global _compiled_flex
+    if not compiled:
+        return flex_attention
+    if _compiled_flex is None:
+        _compiled_flex = torch.compile(flex_attention, dynamic=False)
+    return _compiled_flex
+
+
+def _block_mask(T, window, device, ctx, sink_tokens=0):
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    key = ("flex_block_mask", T, window, sink_tokens, str(device))
+    if key not in ctx.cache:
+
+        def mask_mod(b, h, q_idx, kv_idx):
+            allowed = kv_idx <= q_idx
+            if window:
+                near = q_idx - kv_idx < window
+                allowed = allowed & ((near | (kv_idx < sink_tokens)) if sink_tokens else near)
+            return allowed
+
+        ctx.cache[key] = create_block_mask(mask_mod, None, None, T, T, device=device)
+    return ctx.cache[key]
+
+
+def flex_path(q, k, v, scheme, layer, pos, plan, ctx, compiled: bool = True):
+    """Flex attention on rotated, scaled q and k; None when it cannot run
+    here (the scheme offers no score_mod for these positions, or compiling
+    failed), and the caller falls back to sdpa."""
+    k, v = match_heads(q, k, v)
+    score_mod = None
+    if scheme.has_bias:
+        score_mod = scheme.score_mod(layer, pos, ctx)
+        if score_mod is None:
+            return None
+    block_mask = _block_mask(q.shape[2], plan.window, q.device, ctx, plan.sink_tokens)
+    try:
+        return _flex_with_sinks(_flex_fn(compiled), q, k, v, score_mod, block_mask, plan)
+    except Exception as e:
+        if not compiled or torch.compiler.is_compiling():
+            raise
+        # Remembered on this scheme instance (this model) only: no C++ compiler
+        # or Triton on that device, or a score_mod it cannot lower.
+        scheme.flex_failed_on = getattr(scheme, "flex_failed_on", frozenset()) | {q.device.type}
+        log.warning(
+            "Compiled flex attention is unavailable for %s on %s (%s: %s); using sdpa.",
+            scheme.name,
+            q.device.type,
+            type(e).__name__,
+            str(e).splitlines()[0] if str(e) else "",
+        )
+        return None
+
+
+def _flex_with_sinks(flex, q, k, v, score_mod, block_mask, plan):
+    """Flex attention; learned sink logits merged through its log-sum-exp:
+    with the sink in the denominator every weight shrinks by
+    exp(lse) / (exp(lse) + exp(sink)) = sigmoid(lse - sink)."""
+    if plan.sink_logits is None:
+        return flex(q, k, v, score_mod=score_mod, block_mask=block_mask)
+    from torch.nn.attention.flex_attention import AuxRequest
+
+    out, aux = flex(q, k, v, score_mod=score_mod, block_mask=block_mask, return_aux=AuxRequest(lse=True))
+    keep = torch.sigmoid(aux.lse.float() - plan.sink_logits.float()[None, :, None])
+    return (out * keep[..., None].to(out.dtype)).to(out.dtype)

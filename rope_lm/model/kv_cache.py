@@ -1,0 +1,144 @@
+"""Keys and values of the tokens a model has read, so that decoding reads
+each token once (TransformerLM.hidden(idx, cache=...)).
+
+What is kept, per layer, with grouped key/value heads left grouped:
+
+* keys as attention consumes them: rotated at their positions by a rotary
+  scheme (RoPE, xPos; identity for every other scheme), so a step rotates
+  only its own tokens;
+* for a two-pass method (ReRoPE, leaky ReRoPE, Self-Extend) also the keys
+  rotated at their far-pass positions (alt_k_pos), and for a scheme with
+  content-position terms (Transformer-XL, Shaw, DeBERTa) the raw keys;
+* values.
+
+Bias schemes (ALiBi, T5, Kerple, FIRE, Sandwich) need nothing more: each
+step computes the bias of its queries' true positions against every key's.
+Absolute schemes add the rows of the new tokens' positions; a recurrent
+scheme carries its hidden state (PosContext.state) from call to call.
+
+Length. Several methods depend on the total length (``factor: auto``,
+dynamic NTK, Self-Extend's ``group: auto``, LongRoPE's short/long factors,
+the decision whether a window or a far pass bites at all). A cache is made
+for a planned length (``planned_len``; generation plans prompt +
+max_new_tokens), and every call sees that length (PosContext.seq_len), so
+the cached run equals one full forward of the finished sequence at that
+length, for every scheme and method. Without a plan the length is the
+tokens held so far after each call, and what was written is kept: keys
+rotated under an earlier length stay as they were (what transformers does
+for dynamic NTK); docs/methods.md says what that means per method.
+"""
+
+import torch
+
+from rope_lm.core.errors import ConfigError
+
+
+class LayerCache:
+    """One layer's tensors, (B, heads, capacity, D) buffers filled up to the
+    cache's length; written in place, grown by doubling when unplanned."""
+
+    def __init__(self, owner: "KVCache"):
+        self.owner = owner
+        self.buffers: dict[str, torch.Tensor] = {}
+
+    def extend(self, name: str, new: torch.Tensor) -> torch.Tensor:
+        """Append new (B, h, t, D) at the current call's start; return the
+        keys 0..end of this name, a view of the buffer."""
+        start, end = self.owner.start, self.owner.start + new.shape[2]
+        buf = self.buffers.get(name)
+        if buf is None and start:
+            raise RuntimeError(
+                f"the cache holds no {name!r} for its first {start} tokens; a cache serves one model under one method."
+            )
+        if buf is None or buf.shape[2] < end:
+            capacity = self.owner.planned_len or max(end, 2 * (0 if buf is None else buf.shape[2]), 64)
+            grown = new.new_empty(new.shape[0], new.shape[1], capacity, new.shape[3])
+            if buf is not None:
+                grown[:, :, :start] = buf[:, :, :start]
+            buf = self.buffers[name] = grown
+        buf[:, :, start:end] = new
+        return buf[:, :, :end]
+
+    def has(self, name: str) -> bool:
+        return name in self.buffers
+
+
+class KVCache:
+    """Per-layer keys and values of the tokens read so far. ``planned_len``
+    fixes the length that length-dependent method settings are evaluated at
+    (and preallocates); None lets the cache grow, the settings following
+    the tokens held."""
+
+    def __init__(self, planned_len: int | None = None):
+        if planned_len is not None and (
+            isinstance(planned_len, bool) or not isinstance(planned_len, int) or planned_len < 1
+        ):
+            raise ConfigError(
+                f"A KV cache's planned length must be a positive number of tokens or None "
+                f"(grow freely); got {planned_len!r}."
+            )
+        self.planned_len = planned_len
+        self.length = 0  # tokens held
+        self.start = 0  # where the current call's tokens begin
+        self.batch_size: int | None = None
+        self.layers: dict[int, LayerCache] = {}
+        self.state: dict = {}  # what a scheme carries between calls (PosContext.state)
+
+    def layer(self, index: int) -> LayerCache:
+        if index not in self.layers:
+            self.layers[index] = LayerCache(self)
+        return self.layers[index]
+
+    def begin(self, batch_size: int, new_tokens: int) -> int:
+        """Check a call of new_tokens tokens fits; return where they start."""
+        if new_tokens < 1:
+            raise ConfigError("A cached forward needs at least one new token; got an empty sequence.")
+        if self.batch_size is not None and batch_size != self.batch_size:
+            raise ConfigError(
+                f"This KV cache holds {self.batch_size} sequences; a call with {batch_size} "
+                f"cannot continue them. Use one cache per batch."
+            )
+        if self.planned_len is not None and self.length + new_tokens > self.planned_len:
+            raise ConfigError(
+                f"This KV cache was planned for {self.planned_len} tokens and holds {self.length}; "
+                f"{new_tokens} more do not fit. Plan the cache for the whole sequence "
+                f"(prompt + new tokens)."
+            )
+        self.batch_size = batch_size
+        self.start = self.length
+        return self.start
+
+    def seq_len(self, new_tokens: int) -> int:
+        """The length every hook sees in this call."""
+        return self.planned_len or self.length + new_tokens
+
+    def commit(self, new_tokens: int) -> None:
+        self.length += new_tokens
+
+
+def cached_attention(q, k, v, scheme, layer, pos, plan, ctx, store: LayerCache):
+    """Attention of the new tokens' q, k, v (B, H or Hkv, t, D, unrotated)
+    over every token the cache holds and themselves; pos and plan cover all
+    of them (len(pos) = tokens held + t)."""
+    from rope_lm.kernels.attention import offset_attention
+
+    q0 = pos.shape[0] - q.shape[2]
+    new_pos = pos[q0:]
+    qr, kr = scheme.rotate(q, k, new_pos, new_pos, layer, ctx)
+    q2 = k2 = raw = None
+    # Unplanned, a far pass may start (or regroup) as the length grows, so its
+    # keys are rotated afresh each call from the raw keys kept for it.
+    regrouped = store.owner.planned_len is None and ctx.scaling.far_pass
+    if scheme.has_content_terms or regrouped:
+        raw = store.extend("raw_keys", k)
+    if plan.two_pass:
+        if regrouped:
+            q2, _ = scheme.rotate(q, k[:, :, :0], plan.alt_q_pos[q0:], plan.alt_k_pos[:0], layer, ctx)
+            _, k2 = scheme.rotate(q[:, :, :0], raw, plan.alt_q_pos[:0], plan.alt_k_pos, layer, ctx)
+        else:
+            q2, k2 = scheme.rotate(q, k, plan.alt_q_pos[q0:], plan.alt_k_pos[q0:], layer, ctx)
+            k2 = store.extend("far_keys", k2)
+    raw = raw if scheme.has_content_terms else None
+    kr = store.extend("keys", kr)
+    v = store.extend("values", v)
+    return offset_attention(q, kr, v, scheme, layer, pos, plan, ctx, qr=qr, k=raw, q2=q2, k2=k2)
