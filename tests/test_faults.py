@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from rope_lm.core.errors import TrainingDiverged
-from rope_lm.data.loaders import cache_problem, prepare
+from rope_lm.core.files import atomic_write
 from rope_lm.data.split import split_data  # noqa: E402
-from rope_lm.eval.report import atomic_write
+from rope_lm.data.token_cache import cache_problem, prepare
 from rope_lm.runs.pipeline import train_and_evaluate
 from rope_lm.train import lit as lit_module
 from tests import forked
@@ -87,3 +87,34 @@ def test_atomic_write_leaves_the_previous_file_when_interrupted(tmp_path, monkey
         atomic_write(str(path), json.dumps({"v": 2}))
     assert json.loads(path.read_text()) == {"v": 1}
     assert os.listdir(tmp_path) == ["results.json"]
+
+
+def _poison_update(monkeypatch, step):
+    """Make the update of one step write NaN into a weight while its loss stays finite."""
+    real = lit_module.LitLM.optimizer_step
+
+    def optimizer_step(self, *args, **kwargs):
+        out = real(self, *args, **kwargs)
+        if self.global_step == step:  # Lightning counts the step only after this returns
+            with torch.no_grad():
+                next(self.parameters()).view(-1)[0] = float("nan")
+        return out
+
+    monkeypatch.setattr(lit_module.LitLM, "optimizer_step", optimizer_step)
+
+
+def test_a_last_update_that_makes_weights_nan_is_never_complete(tiny_config, tmp_path, monkeypatch):
+    """The final step's loss is finite and its update is not: no next step's loss sees it, so the
+    weights are checked before the final checkpoint and the evaluation."""
+    _poison_update(monkeypatch, 5)
+    out = str(tmp_path / "run")
+    tiny_config["trainer"].update(max_steps=6, ckpt_every_n_steps=3)
+    with pytest.raises(TrainingDiverged, match=r"non-finite .* update of step 6.*last finite checkpoint, .*last\.ckpt"):
+        train_and_evaluate(tiny_config, out)
+    saved = torch.load(os.path.join(out, "checkpoints", "last.ckpt"), map_location="cpu", weights_only=False)
+    assert saved["global_step"] == 3
+    assert all(torch.isfinite(t).all() for t in saved["state_dict"].values())
+    results = os.path.join(out, "results.json")
+    if os.path.exists(results):
+        with open(results) as f:
+            assert json.load(f)["status"] != "complete"

@@ -474,3 +474,30 @@ def test_generate_script_on_an_imported_model_matches_transformers(tiny_llama, t
         assert g["ids"] == want
     done = run_generate(f"ckpt=hf:{directory}", "prompt=x", "max_new_tokens=2", cwd=tmp_path)
     assert done.stdout.startswith("=== prompt 0:")
+
+
+def test_a_generation_too_long_for_the_machine_is_refused_with_its_figure_before_any_forward(monkeypatch):
+    import rope_lm.infer.generate as G
+
+    m = tiny(scaling={"name": "window", "window": 8})
+    monkeypatch.setattr(G, "free_memory_bytes", lambda device: 2**30)  # a machine with 1 GiB free
+    forwards = []
+    monkeypatch.setattr(m, "hidden", lambda *a, **k: forwards.append(1))
+    # 2 layers x (keys, values) x 2 key/value heads x 8 dimensions x 4 bytes = 256 bytes a token: 23.8 GiB.
+    with pytest.raises(ConfigError, match=r"max_new_tokens=100000000 .* need 23\.8 GiB .* 1\.0 GiB the cpu has free"):
+        generate(m, [[1, 2, 3]], max_new_tokens=100_000_000)
+    assert forwards == []
+
+
+def test_a_planned_cache_grows_with_what_is_written_not_with_the_plan():
+    """A plan sets the length methods read; the buffers hold only what was written (doubling up to the plan)."""
+    from rope_lm.model.kv_cache import KVCache
+
+    m = tiny()
+    cache = KVCache(planned_len=1_000_000)
+    with torch.no_grad():
+        m(torch.tensor([[1, 2, 3, 4, 5]]), cache=cache)
+        for t in range(70):
+            m(torch.tensor([[t % 61]]), cache=cache)
+    capacities = {b.shape[2] for layer in cache.layers.values() for b in layer.buffers.values()}
+    assert capacities == {128}  # 75 tokens: 64, then doubled once

@@ -237,3 +237,43 @@ def test_positions_are_global_a_sequence_in_slices_equals_one_run():
             torch.testing.assert_close(
                 read_in_pieces(m, idx, KVCache(planned_len=T), (7, 7, 7, 7, 7, 5)), m(idx), atol=2e-5, rtol=1e-4
             )
+
+
+SHORT_PROMPT = (2,) + (1,) * 14 + (24,)  # a prompt shorter than any window, decoded across it, then a chunk
+
+
+def streaming_llm(**extra):
+    """conf/scaling/streaming_llm.yaml (window with sinks) at the tests' sizes."""
+    with open(f"{ROOT}/conf/scaling/streaming_llm.yaml") as f:
+        return {**yaml.safe_load(f), "window": 8, **extra}
+
+
+@pytest.mark.parametrize("scheme,method", PAIRS)
+def test_a_short_prompt_decoded_past_every_window_equals_one_full_forward(scheme, method):
+    """A prefill that ends before a window, a far pass or a group begins; the
+    steps after it cross where they begin: the cache must hold what those need."""
+    m = model(scheme, method)
+    idx = tokens(T)
+    with torch.no_grad():
+        full = m(idx)
+        cached = read_in_pieces(m, idx, KVCache(planned_len=T), SHORT_PROMPT)
+    torch.testing.assert_close(cached, full, atol=2e-5, rtol=1e-4, msg=f"{scheme} under {method}")
+
+
+@pytest.mark.parametrize("scheme", ["rope", "alibi", "nope", "t5"])
+@pytest.mark.parametrize("sink_positions", ["cache", "text"])
+@pytest.mark.parametrize("planned", [True, False])
+def test_streaming_llm_decodes_from_any_prompt_length(scheme, sink_positions, planned):
+    """StreamingLLM (a window with 4 sinks): a 2-token prompt decoded past sinks + window equals the full forward."""
+    options = streaming_llm(sink_positions=sink_positions)
+    try:
+        check_fit(config(), pos_options(scheme), options, T)
+    except ConfigError:
+        pytest.skip(f"{scheme} does not take sink_positions={sink_positions}")
+    torch.manual_seed(0)
+    m = TransformerLM(config(), pos_options(scheme), options).eval()
+    idx = tokens(T)
+    with torch.no_grad():
+        full = m(idx)
+        cached = read_in_pieces(m, idx, KVCache(planned_len=T if planned else None), SHORT_PROMPT)
+    torch.testing.assert_close(cached, full, atol=2e-5, rtol=1e-4)

@@ -17,7 +17,7 @@ class UnwritableFolder(ConfigError):
 
 
 class TrainingDiverged(RopeLMError):
-    """The training loss became NaN or infinite."""
+    """The training loss or the weights became NaN or infinite."""
 
 
 class OutputError(RopeLMError):

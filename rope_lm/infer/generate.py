@@ -27,6 +27,7 @@ argmax (or draw) over a full forward of each prefix.
 
 from dataclasses import dataclass
 import math
+import os
 
 import numpy as np
 import torch
@@ -184,6 +185,33 @@ def check_settings(max_new_tokens, sampling: Sampling, batch_size: int = 1) -> N
         raise ConfigError(f"batch_size={batch_size!r} must be a whole number of at least 1 (prompts read at once).")
 
 
+def free_memory_bytes(device: torch.device) -> int | None:
+    """What the device can still give: free GPU memory, or the machine's available memory for the CPU."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def check_cache_fits(model, batch: int, prompt_len: int, max_new_tokens: int) -> None:
+    """Refuse, before any work, a plan whose keys and values alone would not fit the device: the
+    cache grows as tokens are written, so such a run would die part way, with its tokens lost."""
+    cfg = model.cfg
+    param = next(model.parameters())
+    need = cfg.n_layer * 2 * batch * cfg.kv_heads * (prompt_len + max_new_tokens) * cfg.head_size * param.element_size()
+    free = free_memory_bytes(param.device)
+    if free is not None and need > free:
+        raise ConfigError(
+            f"max_new_tokens={max_new_tokens} with a prompt of {prompt_len} tokens plans a KV cache of "
+            f"{prompt_len + max_new_tokens} tokens: its keys and values alone need {need / 2**30:.1f} GiB "
+            f"({cfg.n_layer} layers x {batch} sequences x {cfg.kv_heads} key/value heads x {cfg.head_size} "
+            f"dimensions), more than the {free / 2**30:.1f} GiB the {param.device.type} has free. Lower "
+            f"max_new_tokens (or batch_size)."
+        )
+
+
 def _check(model, prompts, max_new_tokens, sampling, stop_tokens, stop_strings, tokenizer, batch_size):
     """Every input checked, lengths included, before the first forward."""
     check_settings(max_new_tokens, sampling, batch_size)
@@ -202,6 +230,7 @@ def _check(model, prompts, max_new_tokens, sampling, stop_tokens, stop_strings, 
         if empty:
             raise ConfigError(f"Stop strings must be non-empty text; got {empty!r}.")
     for length in sorted({len(p) for p in ids}):
+        check_cache_fits(model, min(batch_size, sum(len(p) == length for p in ids)), length, max_new_tokens)
         try:
             model.validate_length(length + max_new_tokens)
         except ConfigError as e:

@@ -35,7 +35,7 @@ from rope_lm.core.errors import ConfigError
 
 class LayerCache:
     """One layer's tensors, (B, heads, capacity, D) buffers filled up to the
-    cache's length; written in place, grown by doubling when unplanned."""
+    cache's length; written in place, grown by doubling up to the plan."""
 
     def __init__(self, owner: "KVCache"):
         self.owner = owner
@@ -51,13 +51,27 @@ class LayerCache:
                 f"the cache holds no {name!r} for its first {start} tokens; a cache serves one model under one method."
             )
         if buf is None or buf.shape[2] < end:
-            capacity = self.owner.planned_len or max(end, 2 * (0 if buf is None else buf.shape[2]), 64)
+            # Grown by doubling, never past the plan: a plan for a long generation that a stop
+            # token ends early holds only what was written.
+            capacity = max(end, 2 * (0 if buf is None else buf.shape[2]), 64)
+            if self.owner.planned_len:
+                capacity = min(capacity, self.owner.planned_len)
             grown = new.new_empty(new.shape[0], new.shape[1], capacity, new.shape[3])
             if buf is not None:
                 grown[:, :, :start] = buf[:, :, :start]
             buf = self.buffers[name] = grown
         buf[:, :, start:end] = new
         return buf[:, :, :end]
+
+    def keep(self, name: str, full: torch.Tensor) -> None:
+        """Hold full (B, h, end, D), every token so far, as this name's buffer (a far pass that began late)."""
+        end = full.shape[2]
+        capacity = max(self.owner.planned_len or end, end)
+        buf = self.buffers[name] = full.new_empty(full.shape[0], full.shape[1], capacity, full.shape[3])
+        buf[:, :, :end] = full
+
+    def drop(self, name: str) -> None:
+        self.buffers.pop(name, None)
 
     def has(self, name: str) -> bool:
         return name in self.buffers
@@ -66,8 +80,8 @@ class LayerCache:
 class KVCache:
     """Per-layer keys and values of the tokens read so far. ``planned_len``
     fixes the length that length-dependent method settings are evaluated at
-    (and preallocates); None lets the cache grow, the settings following
-    the tokens held."""
+    (the buffers still grow as tokens come, up to it); None lets the cache
+    grow without a bound, the settings following the tokens held."""
 
     def __init__(self, planned_len: int | None = None):
         if planned_len is not None and (
@@ -126,15 +140,24 @@ def cached_attention(q, k, v, scheme, layer, pos, plan, ctx, store: LayerCache):
     new_pos = pos[q0:]
     qr, kr = scheme.rotate(q, k, new_pos, new_pos, layer, ctx)
     q2 = k2 = raw = None
-    # Unplanned, a far pass may start (or regroup) as the length grows, so its
-    # keys are rotated afresh each call from the raw keys kept for it.
-    regrouped = store.owner.planned_len is None and ctx.scaling.far_pass
-    if scheme.has_content_terms or regrouped:
+    far, planned = ctx.scaling.far_pass, store.owner.planned_len is not None
+    # Raw keys are kept for content terms and for a method with a far pass: unplanned, its far keys
+    # are rotated afresh each call (a group may grow with the length); planned, until its far keys
+    # exist, since a far pass may begin only after the prefill (a short prompt decoded past a
+    # window): the keys read before it began are then rotated at their far positions once.
+    started = plan.two_pass and (q0 == 0 or store.has("far_keys"))
+    if scheme.has_content_terms or (far and not (planned and started)):
         raw = store.extend("raw_keys", k)
     if plan.two_pass:
-        if regrouped:
+        if not planned and far:
             q2, _ = scheme.rotate(q, k[:, :, :0], plan.alt_q_pos[q0:], plan.alt_k_pos[:0], layer, ctx)
             _, k2 = scheme.rotate(q[:, :, :0], raw, plan.alt_q_pos[:0], plan.alt_k_pos, layer, ctx)
+        elif not started:
+            q2, _ = scheme.rotate(q, k[:, :, :0], plan.alt_q_pos[q0:], plan.alt_k_pos[:0], layer, ctx)
+            _, k2 = scheme.rotate(q[:, :, :0], raw, plan.alt_q_pos[:0], plan.alt_k_pos, layer, ctx)
+            store.keep("far_keys", k2)
+            if not scheme.has_content_terms:
+                store.drop("raw_keys")
         else:
             q2, k2 = scheme.rotate(q, k, plan.alt_q_pos[q0:], plan.alt_k_pos[q0:], layer, ctx)
             k2 = store.extend("far_keys", k2)

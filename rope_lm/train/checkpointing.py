@@ -10,8 +10,9 @@ from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 import torch
 
-from rope_lm.core.errors import ConfigError
+from rope_lm.core.errors import ConfigError, TrainingDiverged
 from rope_lm.core.files import replaced_atomically
+from rope_lm.model.layout import UNRESOLVED
 from rope_lm.model.recompute import SETTING
 
 log = logging.getLogger("rope_lm")
@@ -28,6 +29,42 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         # torch reports a full disk as RuntimeError("[enforce fail ..."), not OSError.
         with replaced_atomically(str(path), errors=(OSError, RuntimeError)) as tmp:
             torch.save(checkpoint, tmp)
+
+
+class FiniteWeights(L.Callback):
+    """The weights a checkpoint or the final evaluation would read are checked first. The loss
+    check (lit.LitLM.training_step) comes before a step's update, so an update that makes a
+    weight non-finite is seen only by the next step's loss, and the last step has no next
+    step: without this check its checkpoint and results would hold NaN weights as complete.
+    A failed check stops the run before the file is written, so the checkpoint on disk is the
+    last finite one."""
+
+    def on_save_checkpoint(self, trainer, pl_module, checkpoint):
+        self.check(trainer, pl_module, "before its checkpoint was written")
+
+    def on_train_end(self, trainer, pl_module):
+        self.check(trainer, pl_module, "at the end of training, before the evaluation")
+
+    @staticmethod
+    def check(trainer, pl_module, when: str) -> None:
+        local = all(bool(torch.isfinite(getattr(p, "_local_tensor", p)).all()) for p in pl_module.parameters())
+        if trainer.strategy.reduce_boolean_decision(local, all=True):
+            return
+        # last.ckpt first: it is what `resume=` reads.
+        paths = [cb.last_model_path for cb in trainer.checkpoint_callbacks]
+        paths += [cb.best_model_path for cb in trainer.checkpoint_callbacks]
+        on_disk = [p for p in paths if p and os.path.exists(p)]
+        kept = (
+            f"the last finite checkpoint, {on_disk[0]}, is untouched (resume from it with a lower optim.lr)"
+            if on_disk
+            else "no checkpoint had been written yet, so there is nothing to resume"
+        )
+        raise TrainingDiverged(
+            f"The weights became non-finite (NaN or infinite) in the update of step {trainer.global_step} (counting from 1), "
+            f"found {when}; its loss was finite, so the loss check could not see it. Nothing of that step "
+            f"was saved, and {kept}. Lower optim.lr, raise optim.warmup_steps or keep "
+            f"trainer.gradient_clip_val on."
+        )
 
 
 class GracefulStop(L.Callback):
@@ -150,14 +187,15 @@ def _read_checkpoint(path: str) -> dict:
     return saved
 
 
-def load_checkpoint(path: str, device: str = "cpu", setting: str = "ckpt"):
-    """(LitLM in eval mode, checkpoint file) from a .ckpt file or a run directory."""
+def load_checkpoint(path: str, device: str = "cpu", setting: str = "ckpt", layers=UNRESOLVED):
+    """(LitLM in eval mode, checkpoint file) from a .ckpt file or a run directory;
+    `layers`: its model's layer specs where the caller has them resolved."""
     from rope_lm.train.lit import LitLM
 
     ckpt = resolve_checkpoint(path, setting)
     saved = read_checkpoint(ckpt)
     try:
-        lit = LitLM(**saved["hyper_parameters"])
+        lit = LitLM(**saved["hyper_parameters"], layers=layers)
         lit.load_state_dict(saved["state_dict"])
     except (TypeError, KeyError, RuntimeError) as e:
         first = str(e).splitlines()[0] if str(e) else ""

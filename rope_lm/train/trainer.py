@@ -11,7 +11,7 @@ import torch
 from rope_lm.core.errors import ConfigError
 from rope_lm.core.typed import signature_annotations, typed, typed_dataclass
 from rope_lm.train.allocator import KeepFreedMemory
-from rope_lm.train.checkpointing import AtomicCheckpointIO, GracefulStop
+from rope_lm.train.checkpointing import AtomicCheckpointIO, FiniteWeights, GracefulStop
 from rope_lm.train.lit import ProgressLog, TokensPerSecond
 
 
@@ -88,6 +88,7 @@ def trainer_kwargs(tc: TrainerConfig, out_dir: str, logger, on_stop=None) -> dic
     ckpt_dir = os.path.join(out_dir, "checkpoints")
     minutes = tc.ckpt_every_minutes
     callbacks = [
+        FiniteWeights(),
         ModelCheckpoint(
             dirpath=ckpt_dir,
             filename="best",
