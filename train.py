@@ -22,42 +22,11 @@ from rope_lm.cli import hydra_task, register_resolvers, user_errors
 @hydra.main(config_path="conf", config_name="config", version_base="1.3")
 @hydra_task
 def main(cfg):
-    from rope_lm.core.errors import Interrupted, RopeLMError
-    from rope_lm.eval.report import RESULTS_MD
-    from rope_lm.runs.config import resolve_run
-    from rope_lm.runs.pipeline import claim_train, train_and_evaluate
-    from rope_lm.runs.run_folder import Skip, describe, record_failure
-    from rope_lm.train.loggers import build_logger, finish
+    from rope_lm.runs.pipeline import train_in_folder
 
-    config = OmegaConf.to_container(cfg, resolve=True)
     hc = HydraConfig.get()
     out_dir = hc.runtime.output_dir
-    where = os.path.relpath(out_dir, hc.runtime.cwd)
-    folder = None
-    try:
-        run = resolve_run(config)  # every setting checked once, before any work
-        folder, start = claim_train(run, out_dir)  # the folder is this run's before anything is written there
-        if run.existing == "continue":
-            print(f"rope-lm: {where}: {describe(start)} (existing=continue).", file=sys.stderr)
-        if isinstance(start, Skip):
-            return {"skipped": start.reason}
-        logger = build_logger(run.logger, out_dir, run.run_name or where, config=config)
-        try:
-            train_and_evaluate(run, out_dir, logger, claimed=(folder, start))
-        finally:
-            finish(logger)
-    except Interrupted:
-        raise  # what was kept, and how to finish, is the message; the folder says "evaluating"
-    except RopeLMError as e:
-        record_failure(out_dir, config, e, folder)
-        raise
-    finally:
-        if folder is not None:  # a multirun's next job goes on in this process: its folder is free again
-            folder.release()
-    md = os.path.join(out_dir, RESULTS_MD)
-    if os.path.exists(md):
-        print("\n" + open(md).read())
-        print(f"Results: {out_dir}/ (results.json, results.md, ppl_vs_length.png, checkpoints/)")
+    return train_in_folder(OmegaConf.to_container(cfg, resolve=True), out_dir, os.path.relpath(out_dir, hc.runtime.cwd))
 
 
 def resume_args(argv: list[str]) -> list[str]:

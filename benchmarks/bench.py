@@ -78,6 +78,8 @@ def main(cfg):
         eval_lengths=list(a["eval_lengths"]),
         eval_batch=a["eval_batch"],
         eval_repeats=a["eval_repeats"],
+        eval_rounds=a["eval_rounds"],
+        spread_limit=a["spread_limit"],
         peers=list(a["peers"]),
         hf_mlp=a["hf_mlp"],
         compile=a["compile"],
@@ -95,7 +97,13 @@ def main(cfg):
         f"load average before {results['load_average']['before']}, after {results['load_average']['after']}\n"
     )
     print(results["table"])
-    print("\nTargets:\n" + targets_text(results["targets"]))
+    print(
+        f"\nComparisons ({settings.repeats} training and {settings.eval_rounds} evaluation round(s), alternated; "
+        f"median (min-max, spread) of each side, then the ratio of medians, read only where both spreads are "
+        f"within {100 * settings.spread_limit:.0f}%):\n"
+    )
+    print("\n".join(r["line"] for r in results["ratios"]))
+    print("\nTargets ([?]: spread too wide to read a ratio):\n" + targets_text(results["targets"]))
     if a["out"]:
         print(f"\nwrote {a['out']}")
 

@@ -1,7 +1,10 @@
 """What the benchmark's rows say: FLOPs per token, paired ratios between
-peers, the targets they are held to, and the table and list they print as."""
+peers (read by benchmarks/paired.py's rule), the targets they are held to,
+and the table and list they print as."""
 
 import statistics
+
+import paired
 
 from rope_lm.core.tables import markdown_table as table
 
@@ -34,6 +37,44 @@ def _paired(a, b, key="tokens_per_s_repeats") -> float | None:
     return statistics.median(x / y for x, y in zip(a[key], b[key]))
 
 
+def _label(r) -> str:
+    return f"{r['scheme']}/{r['peer']}"
+
+
+def _compare(name, model, a, b, limit) -> paired.Comparison:
+    """a's median tokens/s over b's, both over their rounds, read by the rule."""
+    return paired.compare(
+        f"{model}: {name}" + (f" at {a['seq_len']}" if a["phase"] == "eval" else ""),
+        _label(a),
+        a["tokens_per_s_repeats"],
+        _label(b),
+        b["tokens_per_s_repeats"],
+        limit,
+        "tok/s",
+    )
+
+
+def _entry(name, model, a, b, c: paired.Comparison) -> dict:
+    return {
+        "name": name,
+        "model": model,
+        "phase": a["phase"],
+        "value": c.ratio,
+        "a": _label(a),
+        "b": _label(b),
+        "ratio_of_medians": c.ratio,
+        "median_of_round_ratios": _paired(a, b),
+        "readable": c.readable,
+        "verdict": c.record()["verdict"],
+        "line": c.line(3),
+    }
+
+
+def _holds(value, readable, threshold) -> bool | None:
+    """A target holds (True), fails (False), or cannot be read (None: the spread was too wide)."""
+    return (value >= threshold) if readable else None
+
+
 def _find(rows, **key):
     for r in rows:
         if all(r.get(k) == v for k, v in key.items()):
@@ -49,31 +90,26 @@ def ratios_and_targets(s, rows: list[dict]) -> tuple[list[dict], list[dict]]:
     rope = [lab for lab, cfg in s.schemes.items() if cfg.get("name") == "rope" and "layout" not in cfg]
     rope = rope[0] if rope else None
 
+    limit = getattr(s, "spread_limit", paired.LIMIT)
+
     def ratio(name, model, a, b, threshold=None, note="", show=True):
-        value = _paired(a, b)
-        if value is None:
+        if _paired(a, b) is None:
             return
+        c = _compare(name, model, a, b, limit)
         cpu = _paired(a, b, "tokens_per_cpu_s_repeats")
-        entry = {
-            "name": name,
-            "model": model,
-            "value": value,
-            "a": f"{a['scheme']}/{a['peer']}",
-            "b": f"{b['scheme']}/{b['peer']}",
-            "ratio_of_medians": a["tokens_per_s"] / b["tokens_per_s"],
-            "cpu_time_ratio": cpu,
-        }
+        entry = {**_entry(name, model, a, b, c), "cpu_time_ratio": cpu}
         ratios.append(entry)
         if show:
-            a["ratio"], a["ratio_vs"], a["cpu_ratio"] = value, entry["b"], cpu
+            a["ratio"], a["ratio_vs"], a["cpu_ratio"], a["ratio_readable"] = c.ratio, entry["b"], cpu, c.readable
         if threshold is not None:
             note = "; ".join(n for n in (note, f"per CPU-second: {cpu:.3f}" if cpu else "") if n)
             targets.append(
                 {
                     "target": f"{name} >= {threshold}",
                     "model": model,
-                    "value": round(value, 3),
-                    "holds": value >= threshold,
+                    "value": round(c.ratio, 3),
+                    "holds": _holds(c.ratio, c.readable, threshold),
+                    "why": c.why,
                     "note": note,
                 }
             )
@@ -130,29 +166,38 @@ def ratios_and_targets(s, rows: list[dict]) -> tuple[list[dict], list[dict]]:
                     _find(train, model=model, scheme=scheme, peer=peer),
                 )
     ev = [r for r in rows if r["phase"] == "eval" and r.get("tokens_per_s")]
+
+    def eval_ratio(r, b):
+        c = _compare(f"eval {_label(r)} over {_label(b)}", r["model"], r, b, limit)
+        ratios.append(_entry(f"eval {_label(r)} over {_label(b)}", r["model"], r, b, c))
+        r["ratio"], r["ratio_vs"], r["ratio_readable"], r["ratio_why"] = c.ratio, _label(b), c.readable, c.why
+
     for r in ev:
         base = "hf" if r["peer"] == "ours" else "ours" if r["peer"] == "ours+compile" else None
         b = _find(ev, model=r["model"], scheme=r["scheme"], seq_len=r["seq_len"], peer=base) if base else None
         if b is not None:
-            r["ratio"], r["ratio_vs"] = r["tokens_per_s"] / b["tokens_per_s"], f"{b['scheme']}/{b['peer']}"
+            eval_ratio(r, b)
     # Evaluation against RoPE at the same length: a layout should cost little over the
     # plain model (>= 0.8), a bias scheme at most half of it (>= 0.5), at the longest length.
     for r in ev:
         if rope and r["peer"] == "ours" and r["scheme"] != rope:
             b = _find(ev, model=r["model"], scheme=rope, seq_len=r["seq_len"], peer="ours")
             if b is not None:
-                r["ratio"], r["ratio_vs"] = r["tokens_per_s"] / b["tokens_per_s"], f"{rope}/ours"
+                eval_ratio(r, b)
     longest = max((r["seq_len"] for r in ev), default=None)
     for r in ev:
         if r.get("ratio_vs") == f"{rope}/ours" and r["seq_len"] == longest:
             threshold = 0.8 if "layout" in s.schemes[r["scheme"]] else 0.5
+            rounds = len(r["tokens_per_s_repeats"])
+            note = f"median of {rounds} alternated round(s), same run"
             targets.append(
                 {
                     "target": f"eval {r['scheme']}/{rope} at {longest} >= {threshold}",
                     "model": r["model"],
                     "value": round(r["ratio"], 3),
-                    "holds": r["ratio"] >= threshold,
-                    "note": "one pass each, same run",
+                    "holds": _holds(r["ratio"], r["ratio_readable"], threshold),
+                    "why": r["ratio_why"],
+                    "note": note,
                 }
             )
     for model in s.models:
@@ -202,7 +247,7 @@ def _fmt(v, digits=0):
 
 def markdown_table(rows: list[dict]) -> str:
     mfu = any(r.get("mfu") is not None for r in rows)  # only where a device peak is known (CUDA, --peak-tflops)
-    cols = ["model", "scheme", "phase", "peer", "T", "tokens/s", "ratio", "vs", "tok/CPU-s", "CPU ratio"]
+    cols = ["model", "scheme", "phase", "peer", "T", "tokens/s (min-max)", "ratio", "vs", "tok/CPU-s", "CPU ratio"]
     cols += (["MFU"] if mfu else []) + ["peak MB", "+MB", "params (non-emb)"]
     align = "".join("l" if c in ("model", "scheme", "phase", "peer", "vs") else "r" for c in cols)
     lines = []
@@ -212,9 +257,11 @@ def markdown_table(rows: list[dict]) -> str:
             lines.append(head + [f"failed: {r['error'][:60]}"] + [""] * (len(cols) - 6))
             continue
         params = f"{r['params'] / 1e6:.2f}M ({r['params_non_embedding'] / 1e6:.2f}M)" if r.get("params") else "-"
+        repeats = r.get("tokens_per_s_repeats") or [r["tokens_per_s"]]
+        ratio = _fmt(r.get("ratio"), 2) if r.get("ratio_readable", True) else paired.TOO_WIDE
         cells = head + [
-            _fmt(r["tokens_per_s"]),
-            _fmt(r.get("ratio"), 2),
+            paired.Spread.of(repeats).cell(),
+            ratio,
             r.get("ratio_vs", ""),
             _fmt(r.get("tokens_per_cpu_s")),
             _fmt(r.get("cpu_ratio"), 2),
@@ -226,8 +273,12 @@ def markdown_table(rows: list[dict]) -> str:
 
 
 def targets_text(targets: list[dict]) -> str:
-    return "\n".join(
-        f"- [{'x' if t['holds'] else ' '}] {t['model']}: {t['target']}: {t['value']}"
-        + (f" ({t['note']})" if t.get("note") else "")
-        for t in targets
-    )
+    """One line a target: [x] holds, [ ] fails, [?] cannot be read: the spread was too wide, so the line
+    says so in place of the ratio (the results JSON keeps the ratio of medians as `value`)."""
+
+    def line(t):
+        mark = "?" if t["holds"] is None else "x" if t["holds"] else " "
+        value = f"{paired.TOO_WIDE} ({t.get('why')})" if t["holds"] is None else t["value"]
+        return f"- [{mark}] {t['model']}: {t['target']}: {value}" + (f" ({t['note']})" if t.get("note") else "")
+
+    return "\n".join(line(t) for t in targets)

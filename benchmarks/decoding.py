@@ -9,6 +9,12 @@
   SmolLM2 from the real-model extra), greedy tokens compared;
 * the prefill (reading the prompt once) of both.
 
+The sides of each prompt (cache, re-reading, transformers) run alternated in
+this one process for `rounds` rounds (benchmarks/paired.py): each figure is the
+median over rounds with its range, and a ratio of medians is printed only where
+both sides' spread is within `spread_limit`; otherwise the ratio reads "spread
+too wide to read a ratio". Greedy tokens must agree in every round of every side.
+
     python benchmarks/decoding.py
     python benchmarks/decoding.py models=[llama_tiny] contexts=[1024,4096]
 
@@ -24,6 +30,7 @@ import time
 
 import hydra
 from omegaconf import OmegaConf
+from paired import Spread, alternate, check, compare, report, rule_text
 
 from rope_lm.cli import hydra_task
 
@@ -117,6 +124,31 @@ def _theirs(twin, idx, n):
     return torch.cat(out, 1), t1 - t0, (t2 - t1) / max(1, n - 1)
 
 
+def _measure(model, twin, idx, n, uncached: bool, rounds: int, log):
+    """The sides at one prompt, alternated for `rounds` rounds (after one untimed call of each on a short
+    prompt, so lazy set-up is not timed): {side: [(tokens, prefill s, step s), ...]}."""
+    sides = [("rope-lm", lambda: _ours(model, idx, n, cached=True))]
+    if uncached:
+        sides.append(("re-reading", lambda: _ours(model, idx, n, cached=False)))
+    if twin is not None:
+        sides.append(("transformers", lambda: _theirs(twin, idx, n)))
+    short = idx[:, : min(idx.shape[1], 32)]
+    _ours(model, short, 2, cached=True)
+    if uncached:
+        _ours(model, short, 2, cached=False)
+    if twin is not None:
+        _theirs(twin, short, 2)
+    return alternate(sides, rounds, log=log).results
+
+
+def _same(runs) -> bool:
+    """Every round of every side gave the same greedy tokens."""
+    import torch
+
+    first = runs[0][0]
+    return all(torch.equal(tokens, first) for tokens, _, _ in runs)
+
+
 @hydra.main(config_path="../conf", config_name="bench_decoding", version_base="1.3")
 @hydra_task
 def main(cfg):
@@ -125,11 +157,13 @@ def main(cfg):
     from rope_lm.core.tables import markdown_table
 
     a = OmegaConf.to_container(cfg, resolve=True)
+    check(a["rounds"], a["spread_limit"])
     if a["threads"]:
         torch.set_num_threads(a["threads"])
-    n = a["new_tokens"]
+    n, limit = a["new_tokens"], a["spread_limit"]
     print(f"{n} new tokens per cell, {torch.get_num_threads()} threads, torch {torch.__version__}")
-    cells, speed = [], []
+    print(rule_text(a["rounds"], limit))
+    cells, speed, verdicts = [], [], []
     for name in a["models"]:
         model, folder = _rope_lm_model(name, a)
         with tempfile.TemporaryDirectory() as workdir:
@@ -137,40 +171,71 @@ def main(cfg):
             for C in a["contexts"]:
                 model.validate_length(C + n)
                 idx = torch.randint(0, model.cfg.vocab_size, (1, C), generator=torch.Generator().manual_seed(C))
-                toks, prefill, step = _ours(model, idx, n, cached=True)
-                cell = prefill + step * (n - 1)
-                if C <= a["uncached_up_to"]:
-                    plain, p2, s2 = _ours(model, idx, n, cached=False)
-                    uncached = p2 + s2 * (n - 1)
+                where = f"{name} C={C}"
+
+                def log(text, where=where):
+                    print(f"[{where}] {text}", file=sys.stderr, flush=True)
+
+                runs = _measure(model, twin, idx, n, C <= a["uncached_up_to"], a["rounds"], log)
+                ours = runs["rope-lm"]
+                cell = [p + s * (n - 1) for _, p, s in ours]
+                if "re-reading" in runs:
+                    plain = runs["re-reading"]
+                    c = compare(
+                        f"one cell, {where}", "re-reading", [p + s * (n - 1) for _, p, s in plain], "cache", cell, limit
+                    )
+                    verdicts.append(c)
+                    same = _same(ours) and _same(plain) and torch.equal(plain[0][0], ours[0][0])
                     cells.append(
                         [
                             name,
                             C,
-                            f"{uncached:.2f}",
-                            f"{cell:.2f}",
-                            f"{uncached / cell:.1f}x",
-                            "yes" if torch.equal(plain, toks) else "NO",
+                            c.top_spread.cell(),
+                            c.bottom_spread.cell(),
+                            c.ratio_text(1),
+                            "yes" if same else "NO",
                         ]
                     )
-                if twin is not None:
-                    theirs, hf_prefill, hf_step = _theirs(twin, idx, n)
+                if "transformers" in runs:
+                    theirs = runs["transformers"]
+                    step = compare(
+                        f"decode step s, {where}",
+                        "transformers",
+                        [s for _, _, s in theirs],
+                        "rope-lm",
+                        [s for _, _, s in ours],
+                        limit,
+                    )
+                    prefill = compare(
+                        f"prefill s, {where}",
+                        "transformers",
+                        [p for _, p, _ in theirs],
+                        "rope-lm",
+                        [p for _, p, _ in ours],
+                        limit,
+                    )
+                    verdicts += [step, prefill]
+                    same = _same(ours) and _same(theirs) and torch.equal(theirs[0][0], ours[0][0])
                     speed.append(
                         [
                             name,
                             C,
-                            f"{1 / step:.1f}",
-                            f"{1 / hf_step:.1f}",
-                            f"{hf_step / step:.2f}x",
-                            f"{prefill:.2f}",
-                            f"{hf_prefill:.2f}",
-                            f"{hf_prefill / prefill:.2f}x",
-                            "yes" if torch.equal(theirs, toks) else "NO",
+                            Spread.of(1 / s for s in step.bottom_spread.values).cell(),
+                            Spread.of(1 / s for s in step.top_spread.values).cell(),
+                            step.ratio_text(),
+                            prefill.bottom_spread.cell(),
+                            prefill.top_spread.cell(),
+                            prefill.ratio_text(),
+                            "yes" if same else "NO",
                         ]
                     )
-                print(f"[{name} C={C}] done", file=sys.stderr, flush=True)
-    print(f"\nOne cell: a prompt of C tokens and {n} greedy tokens (seconds)\n")
+                log("done")
+    print(f"\nOne cell: a prompt of C tokens and {n} greedy tokens (seconds, median (min-max))\n")
     print(markdown_table(["model", "C", "re-reading", "KV cache", "speed-up", "same tokens"], cells))
-    print("\nDecoding at C tokens of context: rope-lm's cache against transformers' (same weights)\n")
+    print(
+        "\nDecoding at C tokens of context: rope-lm's cache against transformers' (same weights; "
+        "median (min-max); ratio: rope-lm's speed over transformers')\n"
+    )
     print(
         markdown_table(
             [
@@ -187,6 +252,8 @@ def main(cfg):
             speed,
         )
     )
+    print("\nEach comparison: median (min-max, spread) of each side, then the ratio of medians\n")
+    print(report(verdicts))
 
 
 if __name__ == "__main__":

@@ -4,23 +4,27 @@ pretrained model (SmolLM2-135M from the real-model extra by default).
 Both score one window of L tokens of PG-19 text: rope-lm through
 rope_lm.eval.evaluation.token_losses (the path every evaluation takes: the
 chunked head, rope_lm/model/head.py), transformers as a user would write it
-(`model(ids).logits`, then the cross-entropy). Each (peer, length, repeat)
+(`model(ids).logits`, then the cross-entropy). Each (peer, length, round)
 runs in a fresh process, so its peak RSS is its own; a warm-up forward of 256
-tokens comes first in each. Both perplexities are printed: they must agree.
+tokens comes first in each. The two peers alternate (rope-lm, transformers,
+rope-lm, ...) for `rounds` rounds (benchmarks/paired.py): seconds are medians
+with their range, and the speed ratio is read only where both sides' spread is
+within `spread_limit` ("spread too wide to read a ratio" otherwise). Both
+perplexities are printed: they must agree.
 
     python benchmarks/real_model.py
-    python benchmarks/real_model.py lengths=[512,1024] repeats=3
+    python benchmarks/real_model.py lengths=[512,1024] rounds=5
 
 Settings: python benchmarks/real_model.py --help.
 """
 
 import multiprocessing as mp
 import os
-import statistics
 import sys
 
 import hydra
 from omegaconf import OmegaConf
+from paired import alternate, check, compare, report, rule_text
 
 from rope_lm.cli import hydra_task
 
@@ -104,10 +108,10 @@ def main(cfg):
     from rope_lm.hf.gguf import converted_folder, is_gguf
 
     a = OmegaConf.to_container(cfg, resolve=True)
-    if not a["lengths"] or any(int(L) < 257 for L in a["lengths"]) or a["repeats"] < 1:
-        raise ConfigError(
-            f"lengths={a['lengths']} must be lengths above 256 (the warm-up's) and repeats={a['repeats']} at least 1."
-        )
+    if not a["lengths"] or any(int(L) < 257 for L in a["lengths"]):
+        raise ConfigError(f"lengths={a['lengths']} must be lengths above 256 (the warm-up's).")
+    check(a["rounds"], a["spread_limit"])
+    limit = a["spread_limit"]
     source = a["source"]
     folder = converted_folder(source) if is_gguf(source) else source
     ids = _tokens(folder, a["text"], max(a["lengths"]))
@@ -115,32 +119,48 @@ def main(cfg):
         f"{source} -> {folder}; torch {torch.__version__}, {a['threads'] or torch.get_num_threads()} threads",
         file=sys.stderr,
     )
-    rows, records = [], []
+    print(rule_text(a["rounds"], limit))
+    rows, records, verdicts = [], [], []
     for L in a["lengths"]:
-        runs = {p: [] for p in PEERS}
-        for _ in range(a["repeats"]):
-            for peer in PEERS:  # interleaved, so a drift in the machine's load hits both
-                runs[peer].append(_run(peer, folder, ids[: L + 1], a["threads"]))
-                print(f"[{peer} L={L}] {runs[peer][-1]['seconds']:.2f} s", file=sys.stderr, flush=True)
-        med = {p: statistics.median(r["seconds"] for r in runs[p]) for p in PEERS}
+        # Alternated (rope-lm, transformers, rope-lm, ...), each forward in a fresh process, so a drift in the
+        # machine's load falls on both.
+        sides = [(peer, lambda peer=peer: _run(peer, folder, ids[: L + 1], a["threads"])) for peer in PEERS]
+
+        def log(text, L=L):
+            print(f"[L={L}] {text}", file=sys.stderr, flush=True)
+
+        runs = alternate(sides, a["rounds"], log=log).results
+        secs = {p: [r["seconds"] for r in runs[p]] for p in PEERS}
+        c = compare(f"L={L}", "transformers", secs["transformers"], "rope-lm", secs["rope-lm"], limit, "s")
+        verdicts.append(c)
+        med = {"rope-lm": c.bottom_spread.median, "transformers": c.top_spread.median}
         peak = {p: max(r["peak_mb"] for r in runs[p]) for p in PEERS}
         ppl = {p: math.exp(runs[p][0]["loss"]) for p in PEERS}
-        ratio = med["transformers"] / med["rope-lm"]
         rows.append(
             [
                 L,
-                f"{med['rope-lm']:.2f}",
-                f"{med['transformers']:.2f}",
+                c.bottom_spread.cell(),
+                c.top_spread.cell(),
                 f"{L / med['rope-lm']:.0f}",
                 f"{L / med['transformers']:.0f}",
-                f"{ratio:.2f}",
+                c.ratio_text(),
                 f"{peak['rope-lm']:.0f}",
                 f"{peak['transformers']:.0f}",
                 f"{ppl['rope-lm']:.3f}",
                 f"{ppl['transformers']:.3f}",
             ]
         )
-        records.append({"length": L, "seconds": med, "peak_mb": peak, "ppl": ppl, "ratio": ratio, "runs": runs})
+        records.append(
+            {
+                "length": L,
+                "seconds": med,
+                "peak_mb": peak,
+                "ppl": ppl,
+                "ratio": c.ratio,
+                "comparison": c.record(),
+                "runs": runs,
+            }
+        )
     print(
         markdown_table(
             [
@@ -158,8 +178,20 @@ def main(cfg):
             rows,
         )
     )
+    print("\nEach comparison: median (min-max, spread) of each side, then the ratio of medians\n")
+    print(report(verdicts))
     if a["out"]:
-        write_json(a["out"], {"source": source, "folder": folder, "text": a["text"], "results": records})
+        write_json(
+            a["out"],
+            {
+                "source": source,
+                "folder": folder,
+                "text": a["text"],
+                "rounds": a["rounds"],
+                "spread_limit": limit,
+                "results": records,
+            },
+        )
 
 
 if __name__ == "__main__":

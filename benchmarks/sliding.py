@@ -5,8 +5,11 @@
 
 Scored target tokens per second of the `stream` protocol (non-overlapping
 windows) and of the `sliding` protocol (many windows per forward pass) on the
-same N tokens, best of `repeats`, both through rope_lm.eval.evaluation's public
-evaluate_lengths. Each sliding window runs L tokens through the model to score
+same N tokens, both through rope_lm.eval.evaluation's public evaluate_lengths,
+the two protocols alternated for `rounds` rounds in this one process
+(benchmarks/paired.py): medians with their range, and a ratio read only where
+both sides' spread is within `spread_limit` ("spread too wide to read a
+ratio" otherwise). Each sliding window runs L tokens through the model to score
 `stride` of them, so the scored-token slowdown cannot fall below L / stride;
 the forward-token column (tokens through the model per second) shows how close
 to that floor the batched implementation comes. The weights are random: throughput depends on neither them
@@ -14,10 +17,10 @@ nor the token values. Settings: python benchmarks/sliding.py --help.
 """
 
 import sys
-import time
 
 import hydra
 from omegaconf import OmegaConf
+from paired import Spread, alternate, check, compare, report, rule_text
 
 from rope_lm.cli import hydra_task
 
@@ -34,6 +37,8 @@ def main(cfg):
     from rope_lm.model.transformer import build_model
 
     a = OmegaConf.to_container(cfg, resolve=True)
+    check(a["rounds"], a["spread_limit"])
+    limit = a["spread_limit"]
     if a["threads"]:
         torch.set_num_threads(a["threads"])
     torch.manual_seed(0)
@@ -41,39 +46,59 @@ def main(cfg):
     n = (a["tokens"] // max(a["lengths"])) * max(a["lengths"])
     stream = np.random.default_rng(0).integers(0, a["vocab"], size=n + 1).astype(np.uint16)
 
-    def tokens_per_s(L, **protocol):
+    def evaluate(L, **protocol):
         ecfg = typed_dataclass(
             EvalConfig,
             {"lengths": [L], "token_budget": n, "batch_tokens": a["batch_tokens"], "bootstrap": 0, **protocol},
             "eval.",
             "eval",
         )
-        best = float("inf")
-        for _ in range(a["repeats"]):
-            t = time.perf_counter()
-            rows = evaluate_lengths(model, stream, ecfg, a["train_len"])
-            best = min(best, time.perf_counter() - t)
-        return n / best, rows[0], best
+        return lambda: evaluate_lengths(model, stream, ecfg, a["train_len"])[0]
 
     print(
         f"model {a['model'].get('name')}, {n} target tokens per length, stride {a['stride']}, "
-        f"{torch.get_num_threads()} threads, best of {a['repeats']}"
+        f"{torch.get_num_threads()} threads"
     )
-    rows = []
+    print(rule_text(a["rounds"], limit))
+    rows, verdicts = [], []
     for L in a["lengths"]:
-        stream_tps, _, _ = tokens_per_s(L, protocol="stream")
-        slide_tps, row, seconds = tokens_per_s(L, protocol="sliding", sliding_stride=a["stride"])
-        forward_tps = row["windows"] * L / seconds  # stream: its forward tokens are its scored tokens
+        sides = [
+            ("stream", evaluate(L, protocol="stream")),
+            ("sliding", evaluate(L, protocol="sliding", sliding_stride=a["stride"])),
+        ]
+        timed = alternate(
+            sides, a["rounds"], log=lambda text, L=L: print(f"[L={L}] {text}", file=sys.stderr, flush=True)
+        )
+        # Scored targets per second: the slowdown is stream's over sliding's.
+        c = compare(
+            f"L={L} scored tok/s",
+            "stream",
+            [n / t for t in timed.seconds["stream"]],
+            "sliding",
+            [n / t for t in timed.seconds["sliding"]],
+            limit,
+        )
+        windows = timed.results["sliding"][0]["windows"]
+        forward = Spread.of(windows * L / t for t in timed.seconds["sliding"])  # tokens through the model per second
+        f = compare(
+            f"L={L} stream scored / sliding forward tok/s",
+            "stream",
+            c.top_spread.values,
+            "sliding forward",
+            forward.values,
+            limit,
+        )
+        verdicts += [c, f]
         floor = max(1.0, L / a["stride"])
         rows.append(
             [
                 L,
-                f"{stream_tps:,.0f}",
-                f"{slide_tps:,.0f}",
-                f"{stream_tps / slide_tps:.2f}x",
+                c.top_spread.cell(),
+                c.bottom_spread.cell(),
+                c.ratio_text(),
                 f"{floor:.0f}x",
-                f"{forward_tps:,.0f}",
-                f"{stream_tps / forward_tps:.2f}x",
+                forward.cell(),
+                f.ratio_text(),
             ]
         )
         print(f"L={L} measured", file=sys.stderr, flush=True)
@@ -91,6 +116,8 @@ def main(cfg):
             rows,
         )
     )
+    print("\nEach comparison: median (min-max, spread) of each side, then the ratio of medians\n")
+    print(report(verdicts))
 
 
 if __name__ == "__main__":

@@ -18,13 +18,16 @@ size and positional scheme, on the same machine, dimensions and batches:
 
 Every peer runs in a process of its own (so allocator state, process-wide
 flags and peak RSS are its own) and only one computes at a time; repeats are
-interleaved round-robin (A, B, C, A, B, C, ...) so that background load falls
-on every peer alike, and ratios are medians of per-round ratios.
+alternated round-robin (A, B, C, A, B, C, ...; benchmarks/paired.py) so that
+background load falls on every peer alike. A ratio is the ratio of the two
+peers' median tokens/s, read only where both peers' spread over rounds is
+within ``spread_limit`` ("spread too wide to read a ratio" otherwise).
 
 Evaluation (forward + per-token loss, the code path of rope_lm.eval.evaluation) at
 long lengths, one window per forward, with peak memory: every measurement in
 a fresh process, reading its peak RSS (reset after warm-up) on CPU, or
-``max_memory_allocated`` after a reset on CUDA.
+``max_memory_allocated`` after a reset on CUDA; at each length the (scheme,
+peer) processes alternate for ``eval_rounds`` rounds, read by the same rule.
 
 benchmarks/bench.py is the command line; this module reads no config file and
 uses rope_lm's public API only.
@@ -46,6 +49,7 @@ import time
 from bench_analysis import flops_per_token, markdown_table, ratios_and_targets
 from bench_machine import detect_peak_tflops, load_average, machine_info, matmul_peak_tflops, usable_cpus
 from bench_worker import Worker
+import paired
 import torch
 
 PEERS = ("hf", "hf+keepmem", "plain", "plain+fused", "lightning")
@@ -65,7 +69,9 @@ class BenchSettings:
     repeats: int = 5
     eval_lengths: list[int] = field(default_factory=lambda: [2048, 4096, 8192, 16384])
     eval_batch: int = 1
-    eval_repeats: int = 2
+    eval_repeats: int = 2  # timed passes per evaluation process (their median is that process's figure)
+    eval_rounds: int = paired.ROUNDS  # alternated rounds of evaluation processes per length (median over them)
+    spread_limit: float = paired.LIMIT  # a ratio is read only where each side's (max - min) / median is at most this
     peers: list[str] = field(default_factory=lambda: list(PEERS))
     hf_mlp: str = "matched"  # matched: SwiGLU width 2/3 * mlp_ratio * d (equal parameters); ratio: mlp_ratio * d
     compile: bool = False
@@ -89,6 +95,7 @@ class BenchSettings:
                 raise ConfigError(f"bench setting {key}={getattr(self, key)} must be a positive integer.")
         if self.repeats < 0 or self.warmup < 0:
             raise ConfigError("bench settings repeats and warmup must be >= 0 (repeats=0 skips training).")
+        paired.check(self.eval_rounds, self.spread_limit, "eval_rounds")
         if self.device == "cuda" and not torch.cuda.is_available():
             raise ConfigError("--device cuda was asked for, but torch sees no CUDA device.")
         if self.device not in ("cpu", "cuda"):
@@ -185,19 +192,28 @@ def run_training(s: BenchSettings, log) -> list[dict]:
                     cpu=[],
                 )
                 live.append(e)
-            for r in range(s.repeats):
-                for e in live:
+
+            def block(e):
+                def call():
                     out = e["worker"].call("block", n=s.steps)
                     if not out.get("ok"):
                         raise RuntimeError(f"{e['scheme']}/{e['peer']} failed mid-benchmark: {out['error']}")
                     e["times"].append(out["seconds"])
                     e["cpu"].append(out["cpu_seconds"])
                     e["mem"].append(out["peak_mem_mb"])
+                    return out
+
+                return call
+
+            def each_round(r, _, live=live, model_label=model_label):
                 log(
                     f"[train] {model_label} round {r + 1}/{s.repeats}: "
                     + ", ".join(f"{e['scheme']}/{e['peer']} {s.steps * tokens / e['times'][-1]:.0f}" for e in live)
                     + " tok/s"
                 )
+
+            # Alternated (benchmarks/paired.py): one block of each peer per round, round after round.
+            paired.alternate([(f"{e['scheme']}/{e['peer']}", block(e)) for e in live], s.repeats, on_round=each_round)
         finally:
             for e in entries:
                 e["worker"].close()
@@ -231,19 +247,45 @@ def run_training(s: BenchSettings, log) -> list[dict]:
     return rows
 
 
+def _eval_peers(s: BenchSettings, pos_cfg: dict) -> list[str]:
+    plain_rope = pos_cfg.get("name") == "rope" and "layout" not in pos_cfg
+    return ["ours"] + (["hf"] if "hf" in s.peers and plain_rope else []) + (["ours+compile"] if s.compile else [])
+
+
+def _eval_row(outs: list[dict]) -> dict:
+    """One evaluation row from its rounds (each a fresh process): medians over rounds, the largest memory."""
+    tps = [o["tokens_per_s"] for o in outs]
+    first = outs[0]
+    return {
+        **first,
+        "tokens_per_s": statistics.median(tps),
+        "tokens_per_s_repeats": tps,
+        "seconds": statistics.median(o["seconds"] for o in outs),
+        "peak_mem_mb": max(o["peak_mem_mb"] for o in outs),
+        "mem_growth_mb": max(o["mem_growth_mb"] for o in outs),
+        "baseline_mem_mb": statistics.median(o["baseline_mem_mb"] for o in outs),
+        "warmup_s": statistics.median(o["warmup_s"] for o in outs),
+        "rounds": len(outs),
+    }
+
+
 def run_evaluation(s: BenchSettings, log, on_row=None) -> list[dict]:
-    """Each (model, scheme, length, peer) in a fresh process of its own;
-    on_row(rows so far) after each."""
+    """Per (model, length): every (scheme, peer) measured in a fresh process of its own, alternated for
+    eval_rounds rounds (A, B, A, B, ...; benchmarks/paired.py), so a change of load falls on all of them;
+    on_row(rows so far) after each length."""
     rows = []
-    for model_label, model_cfg in s.models.items():
-        for scheme_label, pos_cfg in s.schemes.items():
-            plain_rope = pos_cfg.get("name") == "rope" and "layout" not in pos_cfg
-            peers = ["ours"] + (["hf"] if "hf" in s.peers and plain_rope else [])
-            peers += ["ours+compile"] if s.compile else []
-            for L in s.eval_lengths:
-                for peer in peers:
+    for model_label in s.models:
+        entries = [(sch, peer) for sch, pos_cfg in s.schemes.items() for peer in _eval_peers(s, pos_cfg)]
+        for L in s.eval_lengths:
+            failed: dict[str, dict] = {}
+
+            def measure(sch, peer, L=L, failed=failed):
+                def call():
+                    label = f"{sch}/{peer}"
+                    if label in failed:  # a peer that failed once is not started again
+                        return failed[label]
                     spec = {
-                        **_spec(s, model_label, scheme_label, peer),
+                        **_spec(s, model_label, sch, peer),
                         "length": L,
                         "batch": s.eval_batch,
                         "repeats": s.eval_repeats,
@@ -253,41 +295,63 @@ def run_evaluation(s: BenchSettings, log, on_row=None) -> list[dict]:
                         out = worker.call("eval", spec=spec)
                     finally:
                         worker.close()
-                    row = {
-                        "phase": "eval",
-                        "model": model_label,
-                        "scheme": scheme_label,
-                        "peer": peer,
-                        "seq_len": L,
-                        "batch": s.eval_batch,
-                    }
-                    if not out.pop("ok"):
-                        log(f"[eval] {model_label}/{scheme_label}/{peer} @ {L}: failed ({out['error']})")
-                        rows.append({**row, "error": out["error"], "tokens_per_s": None})
-                        if on_row:
-                            on_row(rows)
-                        continue
-                    row.update(out)
-                    counts = {"params": out["params"], "params_non_embedding": out["params_non_embedding"]}
-                    row["flops_per_token"] = flops_per_token(counts, spec["model_cfg"], s.vocab_size, L, False)
-                    row["mfu"] = (
-                        row["flops_per_token"] * row["tokens_per_s"] / (s.peak_tflops * 1e12) if s.peak_tflops else None
+                    if not out.get("ok"):
+                        failed[label] = out
+                    return out
+
+                return call
+
+            def each_round(r, done, L=L):
+                log(
+                    f"[eval] {model_label} @ {L} round {r + 1}/{s.eval_rounds}: "
+                    + ", ".join(
+                        f"{label} {out[-1]['tokens_per_s']:.0f} tok/s" if out[-1].get("ok") else f"{label} failed"
+                        for label, out in done.results.items()
                     )
-                    if out.get("compiled") is False:
-                        log(f"[eval] {model_label}/{scheme_label}: torch.compile unavailable; {peer} row is uncompiled")
-                    log(
-                        f"[eval] {model_label}/{scheme_label}/{peer} @ {L}: {row['tokens_per_s']:.0f} tok/s, "
-                        f"+{row['mem_growth_mb']:.0f} MB"
-                    )
-                    rows.append(row)
-                    if on_row:
-                        on_row(rows)
-    return rows
+                )
+
+            timed = paired.alternate(
+                [(f"{sch}/{peer}", measure(sch, peer)) for sch, peer in entries], s.eval_rounds, on_round=each_round
+            )
+            for sch, peer in entries:
+                outs = timed.results[f"{sch}/{peer}"]
+                row = {
+                    "phase": "eval",
+                    "model": model_label,
+                    "scheme": sch,
+                    "peer": peer,
+                    "seq_len": L,
+                    "batch": s.eval_batch,
+                }
+                bad = next((o for o in outs if not o.get("ok")), None)
+                if bad is not None:
+                    log(f"[eval] {model_label}/{sch}/{peer} @ {L}: failed ({bad['error']})")
+                    rows.append({**row, "error": bad["error"], "tokens_per_s": None})
+                    continue
+                row.update(_eval_row([{k: v for k, v in o.items() if k != "ok"} for o in outs]))
+                counts = {"params": row["params"], "params_non_embedding": row["params_non_embedding"]}
+                row["flops_per_token"] = flops_per_token(
+                    counts, _spec(s, model_label, sch, peer)["model_cfg"], s.vocab_size, L, False
+                )
+                row["mfu"] = (
+                    row["flops_per_token"] * row["tokens_per_s"] / (s.peak_tflops * 1e12) if s.peak_tflops else None
+                )
+                if row.get("compiled") is False:
+                    log(f"[eval] {model_label}/{sch}: torch.compile unavailable; {peer} row is uncompiled")
+                log(
+                    f"[eval] {model_label}/{sch}/{peer} @ {L}: {row['tokens_per_s']:.0f} tok/s "
+                    f"(median of {len(outs)}), +{row['mem_growth_mb']:.0f} MB"
+                )
+                rows.append(row)
+            if on_row:
+                on_row(rows)
+    order = {key: i for i, key in enumerate((m, sch, L) for m in s.models for sch in s.schemes for L in s.eval_lengths)}
+    return sorted(rows, key=lambda r: order[(r["model"], r["scheme"], r["seq_len"])])  # stable: peers stay in order
 
 
 def run(s: BenchSettings, out: str | None = None, log=None) -> dict:
     """The whole benchmark; returns (and writes to `out`) the results dict."""
-    from rope_lm.eval.report import write_json
+    from rope_lm.core.files import write_json
 
     log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
     s.validate()
@@ -327,7 +391,7 @@ def run(s: BenchSettings, out: str | None = None, log=None) -> dict:
 
 
 def _results(s: BenchSettings, rows, ratios, targets, load_before, started) -> dict:
-    from rope_lm.eval.report import git_commit
+    from rope_lm.eval.results import git_commit
 
     return {
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -344,8 +408,11 @@ def _results(s: BenchSettings, rows, ratios, targets, load_before, started) -> d
             "hf: LlamaForCausalLM, SDPA attention, SwiGLU MLP ("
             + ("width 2/3*mlp_ratio*d: equal parameters" if s.hf_mlp == "matched" else "width mlp_ratio*d")
             + "), separate q/k/v projections, RMSNorm eps matched to ours, no KV cache; ours: GELU MLP, fused qkv.",
-            "train tokens/s: forward + backward + grad clip + AdamW + LR schedule, median of repeats; ratios are "
-            "medians of per-round ratios (peers interleaved within a round).",
+            "train tokens/s: forward + backward + grad clip + AdamW + LR schedule, median of repeats (peers "
+            "alternated within a round); eval tokens/s: median of eval_rounds alternated fresh processes.",
+            f"ratios: the ratio of two peers' median tokens/s over their rounds (median_of_round_ratios beside "
+            f"it), read only where each peer's spread (max - min) / median is at most {100 * s.spread_limit:.0f}%; "
+            f"otherwise: {paired.TOO_WIDE}.",
             "eval: one window per forward, loss included (rope_lm.eval.evaluation.token_losses); +MB is the memory the "
             "measured pass added over the process after warm-up.",
             "every peer runs in its own process; hf runs with default malloc as a user's process would, hf+keepmem "

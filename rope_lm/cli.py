@@ -8,6 +8,7 @@ conf/, and group_options/group_config ask the Hydra that the entry point set up.
 
 import atexit
 import contextlib
+import dataclasses
 import functools
 import json
 import logging
@@ -21,6 +22,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import OmegaConf
 
 from rope_lm.core.errors import ConfigError, Interrupted, RopeLMError
+from rope_lm.core.files import check_room
 from rope_lm.runs.run_folder import Status, check_writable
 
 _RUN_IDS: dict[int, str] = {}
@@ -78,6 +80,15 @@ def _train_tag(options) -> str:
 
 
 register_resolvers()
+
+
+def script_settings(cfg, settings_class):
+    """A script's composed config as its plain typed settings: the dataclass
+    `settings_class` given the keys it names, resolved (a key the config
+    does not hold, e.g. an optional group left out, keeps its default)."""
+    options = OmegaConf.to_container(cfg, resolve=True)
+    names = {f.name for f in dataclasses.fields(settings_class)}
+    return settings_class(**{k: v for k, v in options.items() if k in names})
 
 
 def log_to_stderr(level: int = logging.INFO) -> None:
@@ -167,10 +178,12 @@ def _note_interrupted() -> None:
 INTERRUPTED: list = []  # (job number, output folder) of a sweep job stopped by a signal
 
 
-def _check_folder(path: str, setting: str) -> None:
+def _check_folder(path: str, setting: str, saves_config: str | None = None) -> None:
     try:
         check_writable(path, setting)
-    except ConfigError as e:
+        if saves_config:  # Hydra writes the job's settings there first: a full disk would be its traceback
+            check_room(path, setting)
+    except RopeLMError as e:
         print("\n" + paragraph(e), file=sys.stderr)
         sys.exit(exit_status(e))
 
@@ -201,11 +214,11 @@ class SweepSummary(Callback):
     def on_run_start(self, config, **kwargs):
         # Hydra makes the run folder before the job starts: a read-only place is reported here, in
         # one paragraph, instead of as Hydra's traceback.
-        _check_folder(config.hydra.run.dir, "hydra.run.dir")
+        _check_folder(config.hydra.run.dir, "hydra.run.dir", OmegaConf.select(config, "hydra.output_subdir"))
         _check_cache_folder(config)
 
     def on_multirun_start(self, config, **kwargs):
-        _check_folder(config.hydra.sweep.dir, "hydra.sweep.dir")
+        _check_folder(config.hydra.sweep.dir, "hydra.sweep.dir", OmegaConf.select(config, "hydra.output_subdir"))
         _check_cache_folder(config)
         self.path = os.path.join(config.hydra.sweep.dir, "jobs.json")
         # Hydra re-raises the first failure after the last job, which skips
@@ -244,7 +257,7 @@ class SweepSummary(Callback):
     def _record(self, job: dict, keep_overrides: bool = False):
         from filelock import FileLock
 
-        from rope_lm.eval.report import atomic_write
+        from rope_lm.core.files import atomic_write
 
         os.makedirs(os.path.dirname(self.path), exist_ok=True)
         # A study is finished over several sittings, or by two processes at once, into one folder

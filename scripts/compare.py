@@ -27,7 +27,9 @@ from rope_lm.core.errors import ConfigError
 @hydra.main(config_path="../conf", config_name="compare", version_base="1.3")
 @hydra_task
 def main(cfg):
-    from rope_lm.compare.ppl import compare, default_out, has_results, log_to_wandb
+    from rope_lm.compare.ppl import compare, default_out
+    from rope_lm.compare.ppl_runs import has_results
+    from rope_lm.compare.ppl_wandb import log_to_wandb
     from rope_lm.compare.retrieval_compare import compare_retrieval, find_retrieval_results
     from rope_lm.compare.task_compare import compare_tasks, find_task_results
 

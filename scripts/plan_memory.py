@@ -14,35 +14,14 @@ import hydra
 from omegaconf import OmegaConf
 
 from rope_lm.cli import hydra_task
-from rope_lm.core.errors import ConfigError
 
 
 @hydra.main(config_path="../conf", config_name="plan_memory", version_base="1.3")
 @hydra_task
 def main(cfg):
-    from rope_lm.runs.config import resolve_run
-    from rope_lm.train.memory_plan import format_plan, plan, setup_of
+    from rope_lm.runs.pipeline import plan_memory
 
-    config = OmegaConf.to_container(cfg, resolve=True)
-    device_gb = config.pop("device_gb", None)
-    if device_gb is not None and (
-        isinstance(device_gb, bool) or not isinstance(device_gb, (int, float)) or not device_gb > 0
-    ):
-        raise ConfigError(f"device_gb={device_gb!r} must be a positive number of GiB (e.g. device_gb=80), or null.")
-    run = resolve_run(config)
-    setup = setup_of(run.trainer)
-    result = plan(
-        run.model,
-        run.pos,
-        run.scaling,
-        run.data.vocab_size,
-        run.data.seq_len,
-        run.data.batch_size,
-        setup,
-        run.optim,
-        device_gb,
-    )
-    print(format_plan(result, device_gb))
+    print(plan_memory(OmegaConf.to_container(cfg, resolve=True)))
 
 
 if __name__ == "__main__":

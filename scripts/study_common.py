@@ -87,7 +87,7 @@ def applicable(scheme, names: list[str]) -> tuple[list[str], list[str]]:
 def evaluate(ckpt: str, methods: list[str], out: str, settings: list[str]):
     """A zero-shot evaluation step; a study run again skips it once its
     results are complete, and redoes it (deterministic) if they are not."""
-    from rope_lm.eval.report import RESULTS_JSON
+    from rope_lm.eval.results import RESULTS_JSON
     from rope_lm.runs.run_folder import Status
     from rope_lm.runs.sweep import job_state
 
@@ -119,7 +119,8 @@ def evaluate(ckpt: str, methods: list[str], out: str, settings: list[str]):
 
 
 def compare_and_report(paths: list[str], out: str, title: str, group: bool, wandb: bool, wandb_group: str | None):
-    from rope_lm.compare.ppl import compare, log_to_wandb
+    from rope_lm.compare.ppl import compare
+    from rope_lm.compare.ppl_wandb import log_to_wandb
 
     summary = compare(paths, out, group=group, title=title)
     print("\n" + open(summary["files"]["markdown"]).read())

@@ -34,37 +34,16 @@ def summarize(sweep_dir: str):
 def main(cfg):
     from hydra.types import RunMode
 
-    from rope_lm.probes.task_run import claim, markdown, resolve_task_run, run_task
-    from rope_lm.runs.run_folder import Skip, check_writable, describe
-    from rope_lm.train.loggers import build_logger, finish
+    from rope_lm.probes.task_run import task_in_folder
 
     log_to_stderr()
-    config = OmegaConf.to_container(cfg, resolve=True)
-    run = resolve_task_run(config)  # every setting, and the scheme at the longest test, before any work
     hc = HydraConfig.get()
     out_dir = hc.runtime.output_dir
     if hc.mode == RunMode.MULTIRUN and hc.sweep.dir not in _SWEEPS:
         # Hydra re-raises a failed job after the last one and skips code after main(); exit handlers still run.
         _SWEEPS.add(hc.sweep.dir)
         atexit.register(summarize, hc.sweep.dir)
-    where = os.path.relpath(out_dir, hc.runtime.cwd)
-    check_writable(out_dir)
-    folder, start = claim(run, out_dir)  # two shells or machines sharing a study train each run once
-    if isinstance(start, Skip):
-        print(f"rope-lm: {where}: {describe(start)} (existing=continue).")
-        return {"skipped": start.reason}
-    try:
-        logger = build_logger(run.logger, out_dir, run.run_name or where, config={**config, "data": {}})
-        try:
-            results = run_task(run, out_dir, logger)
-        finally:
-            if logger is not None and hasattr(logger, "save"):
-                logger.save()
-            finish(logger)
-    finally:
-        folder.release()
-    print("\n" + markdown(results))
-    print(f"Task results: {out_dir}/ (task_results.json, task_results.md, accuracy_vs_length.png, model.pt)")
+    return task_in_folder(OmegaConf.to_container(cfg, resolve=True), out_dir, os.path.relpath(out_dir, hc.runtime.cwd))
 
 
 if __name__ == "__main__":

@@ -24,8 +24,8 @@ import torch  # noqa: E402
 torch.set_num_threads(1)
 
 from rope_lm.data.corpus import stdlib_dir  # noqa: E402
-from rope_lm.data.loaders import prepare  # noqa: E402
 from rope_lm.data.split import split_data  # noqa: E402
+from rope_lm.data.token_cache import prepare  # noqa: E402
 
 TINY_FILES = [
     "textwrap.py",

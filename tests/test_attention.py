@@ -3,6 +3,7 @@ registered scheme: outputs and gradients (inputs and scheme parameters),
 with and without a window and a per-query scale, on integer and rescaled
 (fractional) positions, in one block or many."""
 
+import os
 import sys
 
 from conftest import ROOT
@@ -39,9 +40,21 @@ CASES = {
 }
 
 
+# Where a scheme's settings are read from: conf/pos/<name>.yaml in the first of these folders that has it.
+# ROPE_LM_TESTS_CONF puts folders in front, as hydra.searchpath does for the command line: the way
+# tests/test_extension_points.py runs these tests on a scheme whose config it wrote to a temporary folder.
+CONF_DIRS = [*filter(None, os.environ.get("ROPE_LM_TESTS_CONF", "").split(os.pathsep)), f"{ROOT}/conf"]
+
+
+def scheme_options(name: str) -> dict:
+    path = next((f"{d}/pos/{name}.yaml" for d in CONF_DIRS if os.path.isfile(f"{d}/pos/{name}.yaml")), None)
+    assert path, f"no conf/pos/{name}.yaml in {CONF_DIRS}"
+    with open(path) as f:
+        return yaml.safe_load(f)
+
+
 def make_scheme(name: str, dims: Dims = DIMS) -> PositionalScheme:
-    with open(f"{ROOT}/conf/pos/{name}.yaml") as f:
-        options = {**yaml.safe_load(f), **OVERRIDES.get(name, {})}
+    options = {**scheme_options(name), **OVERRIDES.get(name, {})}
     torch.manual_seed(0)
     scheme = build_scheme(options, dims)
     # Move learned parameters off their initial values so that a wrongly
@@ -252,28 +265,38 @@ def test_a_failed_flex_compile_falls_back_to_sdpa(monkeypatch):
 
 
 def _distance_tables(c):
-    return [v for key, v in c.cache.items() if key[0] == "distance_bias" and v is not None]
+    return [v for key, v in c.memo.items() if key[0] == "distance_bias" and v is not None]
 
 
-# Whether each bias scheme reads its bias from one row per head (the distance
-# path) at the test's positions: T5 floors distances, so rescaled (fractional)
-# positions keep it on the per-block path; FIRE only while every query is
-# within its L (a long L below).
-DISTANCE_PATH = {
-    "alibi": ("plain", "window+q_scale", "rescaled"),
-    "t5": ("plain", "window+q_scale"),
-    "kerple": ("plain", "window+q_scale", "rescaled"),
-    "sandwich": ("plain", "window+q_scale", "rescaled"),
-    "fire": ("plain", "window+q_scale", "rescaled"),
-}
+def offers_distance_row(scheme) -> bool:
+    """Whether the scheme (a class or an instance) implements the one-row shortcut at all (overrides
+    PositionalScheme.distance_bias; every PairwiseBias does)."""
+    cls = scheme if isinstance(scheme, type) else type(scheme)
+    return cls.distance_bias is not PositionalScheme.distance_bias
 
 
+def is_function_of_distance(bias: torch.Tensor) -> bool:
+    """Whether an (H, T, T) bias is, on and below the diagonal, a function of i - j alone."""
+    diagonals = (bias.diagonal(-d, -2, -1) for d in range(bias.shape[-1]))
+    return all(torch.allclose(g, g[:, :1].expand_as(g), atol=1e-6, rtol=1e-6) for g in diagonals)
+
+
+def bias_schemes() -> list[str]:
+    return [n for n in SCHEMES.names() if SCHEMES.get(n).has_bias]
+
+
+# What decides the path is the scheme (its distance_bias at these positions), not a list here:
+# T5 floors distances, so rescaled (fractional) positions keep it on the per-block path; FIRE
+# offers the row only while every query is within its L (a long L below).
 @pytest.mark.parametrize("case", CASES)
-@pytest.mark.parametrize("name", [n for n in SCHEMES.names() if SCHEMES.get(n).has_bias])
+@pytest.mark.parametrize("name", bias_schemes())
 def test_distance_bias_path_matches_explicit(name, case, monkeypatch):
     """Inference on sdpa reads every block's bias out of one padded row per
     head (rope_lm/kernels/distance_bias.py), with reversed keys; several query
-    blocks, a window and a per-query scale included."""
+    blocks, a window and a per-query scale included. The kernel takes that
+    path exactly where the scheme offers the row; a row offered is the bias
+    along the distances; and a scheme with the shortcut offers it wherever, at
+    integer positions, its bias is a function of the distance alone."""
     monkeypatch.setattr(attention.distance_bias, "QUERY_BLOCK", 4)
     monkeypatch.setitem(OVERRIDES, "fire", {"mlp_width": 4, "init_L": 64.0})
     plan, kind = CASES[case]
@@ -284,19 +307,33 @@ def test_distance_bias_path_matches_explicit(name, case, monkeypatch):
         want = explicit_attention(q, k, v, scheme, LAYER, pos, plan, ctx())
         c = ctx()
         got = attend(q, k, v, scheme, LAYER, pos, plan, c, "sdpa")
+        row = scheme.distance_bias(LAYER, pos, ctx())
+        full = scheme.bias(LAYER, pos, pos, ctx())
     torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-4)
-    assert bool(_distance_tables(c)) == (case in DISTANCE_PATH.get(name, ())), name
+    assert bool(_distance_tables(c)) == (row is not None), name
+    if row is not None:
+        i, j = torch.tril_indices(T, T)
+        torch.testing.assert_close(row[:, i - j], full[:, i, j], atol=1e-5, rtol=1e-5)
+    if kind == "int" and offers_distance_row(scheme) and is_function_of_distance(full):
+        assert row is not None, f"{name} has the one-row shortcut but does not offer it at {case}"
 
 
-@pytest.mark.parametrize("name", ["alibi", "t5", "kerple", "sandwich", "fire"])
+def test_the_distance_path_expectation_fails_a_kernel_that_ignores_the_row(monkeypatch):
+    """The check above is not vacuous: with the kernel never reading the row,
+    a scheme that offers one (ALiBi) fails it."""
+    monkeypatch.setattr(attention.distance_bias, "padded_table", lambda *a, **kw: None)
+    with pytest.raises(AssertionError, match="alibi"):
+        test_distance_bias_path_matches_explicit("alibi", "plain", monkeypatch)
+
+
+@pytest.mark.parametrize("name", [n for n in bias_schemes() if offers_distance_row(SCHEMES.get(n))])
 def test_distance_bias_path_at_long_positions(name):
     """Thousands of positions: ALiBi's penalties reach hundreds of nats and
     T5 / Kerple / Sandwich / FIRE read far into their tables; the one-row
     view must still give the explicit result at float32 tolerance, and the
     row must stay linear in the length (no T x T tensor)."""
     n, long_dims = 3000, Dims(d_model=32, n_head=4, head_dim=8, n_layer=2, train_len=512)
-    with open(f"{ROOT}/conf/pos/{name}.yaml") as f:
-        options = {**yaml.safe_load(f), **{"fire": {"mlp_width": 8, "init_L": 4096.0}}.get(name, {})}
+    options = {**scheme_options(name), **{"fire": {"mlp_width": 8, "init_L": 4096.0}}.get(name, {})}
     torch.manual_seed(0)
     scheme = build_scheme(options, long_dims)
     pos = torch.arange(n)
@@ -353,7 +390,7 @@ def test_fire_past_its_L_writes_bias_and_mask_in_one_pass(window, monkeypatch):
         )
         c = PosContext(seq_len=n, train_len=64, scaling=build_scaling(None))
         got = attend(q, k, v, scheme, LAYER, pos, plan, c, "sdpa")
-        assert "fire_mask_buffer" in c.cache  # the one-pass mask served the blocks
+        assert "fire_mask_buffer" in c.memo  # the one-pass mask served the blocks
         torch.testing.assert_close(got, ref, atol=2e-5, rtol=1e-4)
 
         # Without numba: the torch path, the same mask values (asserted above to the bit) in other query
@@ -361,15 +398,17 @@ def test_fire_past_its_L_writes_bias_and_mask_in_one_pass(window, monkeypatch):
         monkeypatch.setattr(_fire_kernel, "available", lambda: False)
         c = PosContext(seq_len=n, train_len=64, scaling=build_scaling(None))
         torch.testing.assert_close(attend(q, k, v, scheme, LAYER, pos, plan, c, "sdpa"), got, atol=1e-5, rtol=1e-5)
-        assert "fire_mask_buffer" not in c.cache
+        assert "fire_mask_buffer" not in c.memo
 
 
 def test_distance_bias_is_built_once_per_forward_and_shared_where_parameters_are():
-    """One table per forward for schemes shared across layers (ALiBi, T5,
-    Sandwich), one per layer where every layer has its own (Kerple)."""
+    """One table per forward for schemes that declare it shared across layers
+    (distance_bias_shared: ALiBi, T5, Sandwich), one per layer where every layer
+    has its own (Kerple, FIRE)."""
     from rope_lm.model.transformer import ModelConfig, TransformerLM
 
-    for name, per_layer in (("alibi", False), ("t5", False), ("sandwich", False), ("kerple", True)):
+    for name in [n for n in bias_schemes() if offers_distance_row(SCHEMES.get(n))]:
+        per_layer = not SCHEMES.get(name).distance_bias_shared
         cfg = ModelConfig(vocab_size=50, train_len=8, n_layer=3, n_head=2, d_model=16, attention="sdpa")
         model = TransformerLM(cfg, {"name": name}).eval()
         calls = []

@@ -1,8 +1,11 @@
 """benchmarks/bench.py runs end to end at a toy size and writes its JSON.
-Smoke only: no timing is asserted (the machine is shared and timings vary)."""
+Smoke only: no timing is asserted (the machine is shared and timings vary).
+The timing rule they share (benchmarks/paired.py) is tested with fake clocks
+in tests/test_paired_timing.py."""
 
 import json
 import os
+import re
 import sys
 
 import yaml
@@ -29,6 +32,7 @@ def test_bench_toy_run_writes_json(tmp_path):
             "steps=1",
             "repeats=1",
             "eval_lengths=[32]",
+            "eval_rounds=2",
             "threads=1",
             "peers=[hf,plain,lightning]",
             f"out={out}",
@@ -51,8 +55,14 @@ def test_bench_toy_run_writes_json(tmp_path):
     assert train["hf"]["params"] == train["plain"]["params"]
     evals = {r["peer"]: r for r in saved["rows"] if r["phase"] == "eval"}
     assert set(evals) == {"ours", "hf"} and all(r["seq_len"] == 32 and r["tokens_per_s"] > 0 for r in evals.values())
+    assert all(len(r["tokens_per_s_repeats"]) == 2 for r in evals.values())  # eval_rounds alternated processes
     assert {t["target"] for t in saved["targets"]} >= {"ours/HF (plain loops) >= 1.1", "Lightning/plain (rope) >= 0.95"}
+    # One training round shows no spread: its ratios are not read, and the targets say so instead of holding.
+    train_targets = [t for t in saved["targets"] if t["target"].startswith(("ours/HF", "Lightning/plain"))]
+    assert train_targets and all(t["holds"] is None and "1 round" in t["why"] for t in train_targets)
+    assert all("ratio_of_medians" in r and "median_of_round_ratios" in r for r in saved["ratios"])
     assert "| toy | rope | train | lightning |" in saved["table"]
+    assert "[?] toy: ours/HF (plain loops) >= 1.1: spread too wide to read a ratio" in done.stdout
 
 
 def test_bench_help_and_bad_setting(tmp_path):
@@ -83,6 +93,7 @@ def test_decoding_benchmark_compares_the_same_tokens(tmp_path):
             "train_len=32",
             "vocab=300",
             "threads=1",
+            "rounds=2",
         ],
         cwd=tmp_path,
         capture_output=True,
@@ -93,6 +104,21 @@ def test_decoding_benchmark_compares_the_same_tokens(tmp_path):
     rows = [line for line in done.stdout.splitlines() if line.startswith("| llama_tiny | 48 |")]
     assert len(rows) == 2, done.stdout
     assert all(row.rstrip(" |").endswith("yes") for row in rows), done.stdout
+    # The sides alternate (cache, re-reading, transformers) in each of the 2 rounds, and each comparison ends
+    # in a ratio or in the verdict, never in a bare ratio of a spread it cannot stand.
+    rounds = [line for line in done.stderr.splitlines() if line.startswith("[llama_tiny C=48] round")]
+    assert [r.split(" (")[0] for r in rounds] == ["[llama_tiny C=48] round 1/2", "[llama_tiny C=48] round 2/2"]
+    assert all(r.index("rope-lm") < r.index("re-reading") < r.index("transformers") for r in rounds)
+    verdicts = [line for line in done.stdout.splitlines() if line.startswith(("one cell,", "decode step", "prefill"))]
+    assert len(verdicts) == 3, done.stdout
+    assert all(re.search(r"over [\w-]+: (\d+\.\d+x|spread too wide to read a ratio \()", v) for v in verdicts)
+    done = forked.run(
+        [sys.executable, os.path.join(ROOT, "benchmarks", "decoding.py"), "rounds=0"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 2 and "rounds=0 must be a positive number of alternated rounds" in done.stderr
 
 
 def test_flops_per_token_counts_the_keys_each_layer_reads():

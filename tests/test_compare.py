@@ -9,7 +9,9 @@ import sys
 
 import pytest
 
-from rope_lm.compare.ppl import compare, find_results, log_to_wandb, tokenizer_id
+from rope_lm.compare.ppl import compare
+from rope_lm.compare.ppl_runs import find_results, tokenizer_id
+from rope_lm.compare.ppl_wandb import log_to_wandb
 from rope_lm.compare.results_page import render
 from rope_lm.core.errors import ConfigError
 from rope_lm.train.loggers import run_tags, sweep_group
@@ -431,7 +433,7 @@ def test_a_seed_aggregate_needs_the_same_settings(tmp_path):
 
 
 def test_within_noise_rule_overlapping_intervals():
-    from rope_lm.compare.ppl import within_noise
+    from rope_lm.compare.noise import within_noise
 
     assert within_noise((10.0, 12.0), (11.5, 13.0)) and within_noise((11.5, 13.0), (10.0, 12.0))
     assert not within_noise((10.0, 12.0), (12.1, 13.0))
@@ -893,7 +895,8 @@ def test_gpu_presets_of_the_headline_and_its_train_long_row():
 
 
 def test_plot_styles_give_a_schemes_seeds_one_colour_and_other_schemes_others():
-    from rope_lm.compare.ppl import Series, _styles
+    from rope_lm.compare.ppl_plots import _styles
+    from rope_lm.compare.ppl_series import Series
 
     def series(label, scheme, seed, method="none"):
         return Series(

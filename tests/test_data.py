@@ -17,8 +17,9 @@ from rope_lm.data.corpus import (
     split_by_hash,
     stdlib_dir,
 )
-from rope_lm.data.loaders import StepSampler, TokenWindows, prepare
+from rope_lm.data.loaders import StepSampler, TokenWindows
 from rope_lm.data.split import split_data  # noqa: E402
+from rope_lm.data.token_cache import prepare
 from tests.conftest import write_corpus
 
 

@@ -14,8 +14,8 @@ import pytest
 
 from rope_lm.core.errors import ConfigError
 from rope_lm.data.corpus import SourceConfig, load_documents
-from rope_lm.data.loaders import prepare
 from rope_lm.data.split import split_data
+from rope_lm.data.token_cache import prepare
 from tests import forked
 from tests.conftest import ROOT, write_corpus
 

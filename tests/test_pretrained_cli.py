@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from rope_lm.data.corpus import SourceConfig, load_documents
-from rope_lm.data.loaders import train_tokenizer
+from rope_lm.data.token_cache import train_tokenizer
 from tests import forked
 from tests.conftest import ROOT, write_corpus
 
@@ -234,13 +234,13 @@ def test_the_documented_pg19_command_offline_times_methods_and_names_the_files(t
 
 
 def test_an_imported_models_own_corpus_is_named_after_the_model(tiny_llama, tmp_path):
-    from rope_lm.runs.trained import checkpoint_cache, open_model
+    from rope_lm.runs.trained import checkpoint_token_cache, open_model
 
     directory, corpus = tiny_llama
     trained = open_model(f"hf:{directory}", "cpu")
     options = {"path": corpus, "vocab_size": 300, "cache_dir": str(tmp_path / "cache")}
-    cache, used = checkpoint_cache(trained.lit, options, str(tmp_path / "work"), trained.path)
+    cache, used = checkpoint_token_cache(trained.lit, options, str(tmp_path / "work"), trained.path)
     assert used["name"] == f"tiny-llama-{os.path.basename(corpus)}"
     assert os.path.basename(cache.dir).startswith(f"tiny-llama-{os.path.basename(corpus)}-")
-    named = checkpoint_cache(trained.lit, {**options, "name": "mine"}, str(tmp_path / "work"), trained.path)[1]
+    named = checkpoint_token_cache(trained.lit, {**options, "name": "mine"}, str(tmp_path / "work"), trained.path)[1]
     assert named["name"] == "mine"  # a name given is kept

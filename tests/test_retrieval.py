@@ -57,7 +57,7 @@ LOOKUPS = ["passkey", "multikey", "multivalue", "multiquery", "vartrack"]  # the
 @pytest.mark.parametrize("name", LOOKUPS)
 @pytest.mark.parametrize("depth", [0.0, 0.5, 1.0])
 def test_prompts_are_exact_deterministic_and_answerable(name, depth, hay, tokenizer):
-    task = R.TASKS[name](3)
+    task = R.RETRIEVAL_TASKS.get(name)(3)
     length = 400
     a = hay.build(task, name, length, depth, sample=1)
     assert a == hay.build(task, name, length, depth, sample=1)
@@ -71,7 +71,7 @@ def test_prompts_are_exact_deterministic_and_answerable(name, depth, hay, tokeni
 
 @pytest.mark.parametrize("name", ["passkey", "multikey", "vartrack"])
 def test_the_target_needle_sits_at_its_depth(name, hay, tokenizer):
-    task = R.TASKS[name](3)
+    task = R.RETRIEVAL_TASKS.get(name)(3)
     for depth in (0.0, 0.25, 0.75, 1.0):
         p = hay.build(task, name, 600, depth, sample=0)
         at = round(depth * p.fill)
@@ -82,6 +82,55 @@ def test_the_target_needle_sits_at_its_depth(name, hay, tokenizer):
             assert p.target_start == p.target_offset
         target = tokenizer.decode(p.ids[p.target_start : p.target_start + 20])
         assert re.match(r"\s*(The pass key|The special mag|VAR)", target), target
+
+
+def check_task(name: str, hay, tokenizer) -> None:
+    """What every registered task owes the battery, read off its prompts: they
+    are exactly as long as asked and deterministic; every needle's sentence
+    is in the haystack, in the order of its depth, the target where the prompt
+    says; the answer decodes to its values, which the task's own greedy reader
+    parses back and judges right (and a wrong value wrong); needles= past its
+    max_needles is refused. tests/test_extension_points.py runs it on a new task."""
+    cls = R.RETRIEVAL_TASKS.get(name)
+    assert cls.name == name and name in R.task_names()
+    for needles in (2, 3):
+        task = cls(needles)
+        for depth in (0.0, 0.5, 1.0):
+            a = hay.build(task, name, 400, depth, sample=1)
+            assert a == hay.build(task, name, 400, depth, sample=1)
+            assert a.ids != hay.build(task, name, 400, depth, sample=2).ids
+            assert len(a.ids) + max(R.P.ANSWER_ROOM, len(a.answer_ids) + R.GREEDY_EXTRA) == 400
+            inst = task.instance(R.random.Random(f"retrieval:{hay.seed}:{name}:400:{depth}:1"), depth)
+            assert inst.values == a.values and len(inst.needles) >= 1
+            text = tokenizer.decode(a.ids[: a.question_start])
+            cursor = 0
+            for i in sorted(range(len(inst.needles)), key=lambda i: (inst.needles[i].depth, i)):
+                cursor = text.find(inst.needles[i].text.strip(), cursor)
+                assert cursor >= 0, (name, inst.needles[i].text, text)
+                cursor += len(inst.needles[i].text.strip())
+            target = tokenizer.decode(a.ids[a.target_start : a.question_start]).strip()
+            assert target.startswith(inst.needles[0].text.strip())
+            assert tokenizer.decode(a.answer_ids).strip() == ", ".join(a.values)
+            assert task.parse(inst.answer) == a.values
+            assert task.judge(task.parse(inst.answer), a.values) == (True, 1.0)
+            assert task.judge([], a.values) == (False, 0.0)
+    if cls.max_needles is not None:
+        R.build_tasks([name], cls.max_needles)
+        with pytest.raises(ConfigError, match=f"more than {name} can hold"):
+            R.build_tasks([name], cls.max_needles + 1)
+
+
+@pytest.mark.parametrize("name", R.task_names())
+def test_every_registered_task_keeps_the_battery_contract(name, hay, tokenizer):
+    check_task(name, hay, tokenizer)
+
+
+def test_the_battery_order_is_the_registry_order():
+    """The order results report (and `valid tasks are ...` lists): each task's
+    battery_order, the built-in tasks first in the order they always had."""
+    builtin = ["passkey", "multikey", "multivalue", "multiquery", "vartrack", "qa1", "qa2", "cwe", "fwe", "factqa"]
+    assert R.task_names()[: len(builtin)] == builtin
+    assert list(R.build_tasks(["cwe", "passkey"], 2)) == ["cwe", "passkey"]  # a request keeps its own order
 
 
 def test_haystacks_are_corpus_text_not_filler(hay, tokenizer, tiny_cache):
@@ -249,7 +298,7 @@ def test_retrieval_script(tiny_cache, tiny_data_options, tmp_path):
     )
     out = tmp_path / "run" / "diagnostics" / "retrieval"
     result = json.load(open(out / "retrieval.json"))
-    assert list(result["tasks"]) == list(R.TASKS)
+    assert list(result["tasks"]) == R.task_names()
     for name, r in result["tasks"].items():
         assert r["lengths"] == [256, 512] and len(r["accuracy"]) == 2 and len(r["accuracy"][0]) == 2
         assert (out / f"retrieval_{name}.png").stat().st_size > 0
@@ -293,8 +342,9 @@ def test_a_run_goes_on_from_its_cells(tiny_cache, tiny_data_options, tmp_path):
         cwd=tmp_path,
     )
     assert_one_paragraph(done, "other settings (needles")
+    # A rerun into a battery's folder without existing=continue is refused, naming the way to finish it.
     done = run_script("retrieval.py", *common, "multipliers=[1]", f"out={part}", status=2, cwd=tmp_path)
-    assert_one_paragraph(done, "already holds files")
+    assert_one_paragraph(done, "Add existing=continue")
 
 
 def test_retrieval_script_refuses_a_bad_task(tmp_path):

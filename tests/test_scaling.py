@@ -13,7 +13,7 @@ import torch
 from rope_lm.core.errors import ConfigError
 from rope_lm.kernels.attention import explicit_attention
 from rope_lm.model.transformer import build_model
-from rope_lm.positional import Dims, PosContext, PositionalScheme
+from rope_lm.positional import SCHEMES, Dims, PosContext, PositionalScheme, build_scheme
 from rope_lm.positional import frequencies as F
 from rope_lm.positional.frequencies import default_inv_freq
 from rope_lm.positional.rope import RoPE, rotate
@@ -380,24 +380,77 @@ def test_bad_knobs_are_refused():
             build_scaling(options)
 
 
-def test_every_method_has_a_config_with_every_knob():
-    import inspect
+# Where a method's and a scheme's settings are read from: conf/<group>/<name>.yaml in the first of these folders
+# that has it. ROPE_LM_TESTS_CONF puts folders in front, as hydra.searchpath does for the command line: the way
+# tests/test_extension_points.py runs these tests on a method whose config it wrote to a temporary folder.
+CONF_DIRS = [
+    *filter(None, os.environ.get("ROPE_LM_TESTS_CONF", "").split(os.pathsep)),
+    os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "conf"),
+]
 
+
+def config_of(group: str, name: str) -> dict:
     from omegaconf import OmegaConf
 
-    conf = os.path.join(os.path.dirname(os.path.dirname(__file__)), "conf", "scaling")
+    paths = [os.path.join(d, group, f"{name}.yaml") for d in CONF_DIRS]
+    path = next((p for p in paths if os.path.isfile(p)), None)
+    assert path, f"no conf/{group}/{name}.yaml in {CONF_DIRS}"
+    return OmegaConf.to_container(OmegaConf.load(path))
+
+
+def test_every_method_has_a_config_with_every_knob():
     for name in METHODS.names():
-        cfg = OmegaConf.to_container(OmegaConf.load(os.path.join(conf, f"{name}.yaml")))
-        assert cfg["name"] == name and "logn" in cfg and "logn_in_training" in cfg
-        cls = METHODS.get(name)
-        knobs = {
-            p
-            for c in cls.__mro__
-            if "__init__" in c.__dict__ and c is not object
-            for p in inspect.signature(c.__init__).parameters
-            if p not in ("self", "common")
-        }
-        assert knobs == set(cfg) - {"name"}, name
+        check_config(name)
+
+
+def check_config(name: str) -> None:
+    import inspect
+
+    cfg = config_of("scaling", name)
+    assert cfg["name"] == name and "logn" in cfg and "logn_in_training" in cfg
+    cls = METHODS.get(name)
+    knobs = {
+        p
+        for c in cls.__mro__
+        if "__init__" in c.__dict__ and c is not object
+        for p in inspect.signature(c.__init__).parameters
+        if p not in ("self", "common")
+    }
+    assert knobs == set(cfg) - {"name"}, name
+
+
+# A scheme of every family, and the settings a method's config file leaves to the user.
+FAMILY_SCHEMES = {"rotary": "rope", "bias": "alibi", "absolute": "learned", "relative": "shaw", "none": "nope"}
+REQUIRED = {"longrope": {"long_factor": [2.0] * 8}}  # its searched factors, one per rotary pair (head_dim 16)
+
+
+@pytest.mark.parametrize("name", METHODS.names())
+def test_every_method_runs_past_the_training_length_where_it_applies(name):
+    check_method_runs(name)
+
+
+def check_method_runs(name: str) -> None:
+    """The method with its config file's settings, on a scheme of every family:
+    refused before any work where it does not apply; elsewhere an evaluation
+    forward at 1 and 4 x L is finite and its description is JSON that names it."""
+    options = {**config_of("scaling", name), **REQUIRED.get(name, {})}
+    cls, ran = METHODS.get(name), []
+    for family, scheme in FAMILY_SCHEMES.items():
+        pos = config_of("pos", scheme)
+        assert SCHEMES.get(scheme).family == family
+        if not cls.applies(build_scheme(pos, Dims(32, 2, 16, 2, L))):
+            with pytest.raises(ConfigError, match="does not apply"):
+                build_model(MODEL, pos, options, vocab_size=64, train_len=L)
+            continue
+        model = build_model(MODEL, pos, options, vocab_size=64, train_len=L).eval()
+        for T in (L, 4 * L):
+            idx = torch.randint(0, 64, (1, T), generator=torch.Generator().manual_seed(T))
+            with torch.no_grad():
+                assert torch.isfinite(model(idx)).all(), (name, scheme, T)
+            described = json.loads(json.dumps(model.describe_scaling(T)))
+            assert described["method"] == name and described["at_length"] == T
+        ran.append(family)
+    assert ran, f"{name} ran on no scheme"
 
 
 # --- end to end ----------------------------------------------------------------------------

@@ -163,10 +163,10 @@ def test_a_yarn_search_writes_a_config_that_eval_extrapolation_loads(tiny_ckpt, 
         assert r["ratio"] == pytest.approx(test[a]["ppl"] / test[b]["ppl"]) and r["lo"] <= r["ratio"] <= r["hi"]
     assert "yarn searched / yarn defaults" in open(out / "search.md").read()
     # The trials scored the validation split: the winner's validation PPL is measured again there.
-    from rope_lm.runs.trained import checkpoint_cache, open_model
+    from rope_lm.runs.trained import checkpoint_token_cache, open_model
 
     t = open_model(tiny_ckpt, "cpu", best)
-    cache, _ = checkpoint_cache(t.lit, {}, str(tmp_path / "tok"))
+    cache, _ = checkpoint_token_cache(t.lit, {}, str(tmp_path / "tok"))
     obj = S.objective(t.model, cache.tokens("valid"), 64, 256, 512)
     assert obj(best) == pytest.approx(summary["validation"]["best_ppl"], rel=1e-6)
     assert obj.eval_cfg.split == "valid"

@@ -174,11 +174,10 @@ def batch(B=3, T=16):
     [{"name": "rope"}, {"name": "alibi"}, {"name": "t5"}, {"name": "learned"}, {"name": "shaw"}, {"name": "fire"}],
 )
 def test_identity_ids_give_the_plain_model_bit_for_bit(pos):
-    plain, pose = lit(pos=pos), lit({"name": "pose", "factor": 1.0}, pos=pos)
+    plain, pose = lit(pos=pos), lit({"name": "pose", "factor": 2.0}, pos=pos)
     pose.load_state_dict(plain.state_dict())
     x, y = batch()
-    ids = pose.draw_positions(x)
-    assert torch.equal(ids, torch.arange(16).expand(3, 16))  # L_t = L: no room to skip
+    ids = torch.arange(16).expand(3, 16)  # ids a draw could give (no skip), through the ids path
     assert torch.equal(pose.loss((x, y), ids), plain.loss((x, y)))
     assert torch.equal(plain.model(x, pos=torch.arange(16)), plain.model(x))
 
@@ -314,3 +313,13 @@ def test_every_scheme_trains_on_drawn_ids_or_is_refused(name):
     loss = m.loss((x, y), m.draw_positions(x))
     loss.backward()
     assert torch.isfinite(loss) and all(torch.isfinite(p.grad).all() for p in m.parameters() if p.grad is not None)
+
+
+@pytest.mark.parametrize("name", ["pose", "randomized"])
+@pytest.mark.parametrize("factor, length", [(1.0, 64), (1.004, 64)])
+def test_a_factor_that_reaches_no_position_past_the_window_is_refused(name, factor, length):
+    """factor=1 (or one that rounds to L) gives plain ids: refused, as pose's chunks=1 is."""
+    method = build_train_positions({"name": name, "factor": factor})
+    with pytest.raises(ConfigError, match=rf"train_pos={name} with train_pos.factor={factor}.*plain positions"):
+        method.check(length)
+    build_train_positions({"name": name, "factor": 1.5}).check(length)  # 96 positions: served

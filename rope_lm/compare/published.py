@@ -80,7 +80,10 @@ def ppl_rows(paths: list[str]) -> list[dict]:
     study: its compare.csv files, or computed from its run folders. Reference
     rows (runs trained longer, compare.py references=) are no arm of the
     study and are left out."""
-    from rope_lm.compare.ppl import csv_rows, files_named, group_runs, load_runs, reference_row
+    from rope_lm.compare.ppl_csv import csv_rows
+    from rope_lm.compare.ppl_groups import group_runs
+    from rope_lm.compare.ppl_runs import load_runs, reference_row
+    from rope_lm.compare.result_files import files_named
 
     rows = []
     for p in paths:
@@ -105,7 +108,7 @@ def ppl_rows(paths: list[str]) -> list[dict]:
 
 def task_rows(paths: list[str]) -> list[dict]:
     """(task, scheme, method, seed, accuracy past the training sizes) per run."""
-    from rope_lm.compare.ppl import files_named
+    from rope_lm.compare.result_files import files_named
     from rope_lm.compare.task_compare import load_task_runs
 
     out = []
@@ -155,7 +158,7 @@ def retrieval_rows(paths: list[str]) -> list[dict]:
     """(task, scheme, method, train_len, length, accuracy, accuracy_lo, accuracy_hi)
     per run, task and length: from compare_retrieval.csv files, or computed
     from scripts/retrieval.py folders (retrieval.json)."""
-    from rope_lm.compare.ppl import files_named
+    from rope_lm.compare.result_files import files_named
     from rope_lm.compare.retrieval_compare import MEAN, csv_rows, load_retrieval_runs
 
     table = []
@@ -209,7 +212,7 @@ def search_rows(paths: list[str]) -> list[dict]:
     every test row of the scripts/search.py results (search.json) named or
     found below; paired: the search's "<a> / <b>" test PPL ratios with their
     paired intervals."""
-    from rope_lm.compare.ppl import files_given_or_below, read_json_or_note
+    from rope_lm.compare.result_files import files_given_or_below, read_json_or_note
 
     out = []
     for p in files_given_or_below(paths, "search.json"):
@@ -760,7 +763,7 @@ def check_claims(claims: list[dict], studies: dict[str, list[str]]) -> list[dict
                 f"Claim {c['id']!r} (rule {c['rule']}) needs {', '.join(RULES[c['rule']].parameters)} "
                 f"(missing: {', '.join(lacking)}); see conf/published.yaml."
             )
-    out, cache = [], {}
+    out, tables_read = [], {}  # (folders, rows kind) -> the rows read, each read once
     for c in claims:
         entries = studies.get(c["study"]) or []
         for entry in entries or [None]:
@@ -774,10 +777,10 @@ def check_claims(claims: list[dict], studies: dict[str, list[str]]) -> list[dict
                 )
             else:
                 key = (path, RULES[c["rule"]].rows)
-                if key not in cache:
-                    cache[key] = READERS[key[1]](group)
+                if key not in tables_read:
+                    tables_read[key] = READERS[key[1]](group)
                 try:
-                    result = RULES[c["rule"]](c, cache[key])
+                    result = RULES[c["rule"]](c, tables_read[key])
                 except Ambiguous as e:
                     result = Verdict(f"{e}: give one folder per setting", NOT_COMPARABLE)
             out.append(

@@ -23,7 +23,7 @@ The marker names a file (relative to the repository root) and a kind:
 * ``window``: the same runs read against the window-L control (the row whose
   method is `window`) at each length past L_train: **yes** where a run's
   relative PPL is below the control's beyond both intervals, no where above,
-  tied within (compare.against_control);
+  tied within (compare/noise.against_control);
 * ``seeds``: a compare_seeds.csv's schemes run with several seeds, one line
   each: mean ± sd over seeds of the PPL at L_train and at the whole
   multiples of it, then of each seed's PPL relative to its own at L_train;
@@ -49,7 +49,9 @@ import csv
 import os
 import re
 
-from rope_lm.compare.ppl import WINDOW_CONTROL, _fmt, _number, _with_ci, against_control, reference_row
+from rope_lm.compare.noise import WINDOW_CONTROL, against_control
+from rope_lm.compare.ppl_markdown import fmt, with_ci
+from rope_lm.compare.ppl_runs import csv_number, reference_row
 from rope_lm.core.errors import ConfigError
 from rope_lm.core.tables import markdown_table
 
@@ -131,7 +133,7 @@ def render(spec: str, root: str = ".") -> str:
 
     def cell(label, L):
         r = by.get((label, L))
-        return _with_ci(*(_number(r.get(k)) for k in key)) if r else _fmt(None)
+        return with_ci(*(csv_number(r.get(k)) for k in key)) if r else fmt(None)
 
     return markdown_table(
         ["run"] + [f"{L} ({L / L0:g}×)" for L in lengths],
@@ -147,9 +149,9 @@ def _summary(by: dict, labels: list[str], lengths: list[int], L0: int, seeds: bo
     def value(label, L, k):
         r = by.get((label, L)) or {}
         if not seeds:
-            return _fmt(_number(r.get(k)))
-        mean, sd = _number(r.get(f"{k}_mean")), _number(r.get(f"{k}_sd"))
-        return "–" if mean is None or sd is None else f"{_fmt(mean)} ± {_fmt(sd)}"
+            return fmt(csv_number(r.get(k)))
+        mean, sd = csv_number(r.get(f"{k}_mean")), csv_number(r.get(f"{k}_sd"))
+        return "–" if mean is None or sd is None else f"{fmt(mean)} ± {fmt(sd)}"
 
     absolute, relative = ("ppl", "rel") if seeds else ("ppl", "ppl_rel")
     return markdown_table(
@@ -178,11 +180,11 @@ def _window(by: dict, labels: list[str], lengths: list[int], L0: int, name: str)
 
     def cell(label, L):
         a, b = by.get((label, L)), by.get((control, L))
-        ci = lambda r: tuple(_number(r.get(k)) for k in ("ppl_rel_lo", "ppl_rel_hi")) if r else (None, None)
+        ci = lambda r: tuple(csv_number(r.get(k)) for k in ("ppl_rel_lo", "ppl_rel_hi")) if r else (None, None)
         if None in ci(a) or None in ci(b):
             return "–"
         return against_control(
-            ci(a), ci(b), f"{_fmt(_number(a['ppl_rel']))} vs {_fmt(_number(b['ppl_rel']))}", higher_is_better=False
+            ci(a), ci(b), f"{fmt(csv_number(a['ppl_rel']))} vs {fmt(csv_number(b['ppl_rel']))}", higher_is_better=False
         )
 
     # A reference row (trained longer) is read on absolute PPL in the other blocks: its PPL relative to its
@@ -213,7 +215,7 @@ def _accuracy(path: str, name: str, options: dict) -> str:
 
     def by_length(r):
         lengths = [int(v) for v in r["lengths"].split()]
-        column = lambda k: [_number(v) for v in r[k].split()] if r.get(k) else [None] * len(lengths)
+        column = lambda k: [csv_number(v) for v in r[k].split()] if r.get(k) else [None] * len(lengths)
         return dict(zip(lengths, zip(column("accuracy"), column("accuracy_lo"), column("accuracy_hi"))))
 
     tables = {r["label"]: by_length(r) for r in rows}
@@ -256,7 +258,7 @@ def _effective(path: str, name: str, options: dict) -> str:
 def _search(path: str, name: str) -> str:
     import json
 
-    from rope_lm.compare.ppl import files_given_or_below
+    from rope_lm.compare.result_files import files_given_or_below
 
     found = []
     for p in files_given_or_below([path], "search.json"):
@@ -266,7 +268,7 @@ def _search(path: str, name: str) -> str:
         raise ConfigError(f"{name} holds no search.json: copy scripts/search.py's output folders there.")
 
     def cell(r):
-        return _with_ci(*(r.get(k) for k in ("ppl", "ppl_lo", "ppl_hi"))) if r else _fmt(None)
+        return with_ci(*(r.get(k) for k in ("ppl", "ppl_lo", "ppl_hi"))) if r else fmt(None)
 
     rows = []
     for s in sorted(found, key=lambda s: (s["method"], s["target"])):
@@ -345,7 +347,7 @@ def _lm_eval(path: str, name: str) -> str:
         return "–" if v is None else f"{v:,.0f}" if abs(v) >= 1e4 else f"{v:.3f}"
 
     def seconds(r):
-        t = _number(r.get("total_evaluation_time_seconds"))
+        t = csv_number(r.get("total_evaluation_time_seconds"))
         return "–" if t is None else f"{t:.0f} s"
 
     several = len({task for task, _ in metrics}) > 1

@@ -6,9 +6,10 @@ name theirs (rope_lm.compare.labels)."""
 import os
 
 from rope_lm.compare.labels import distinct_labels, flat_settings, run_name
-from rope_lm.compare.ppl import WINDOW_CONTROL, _short, against_control, files_given_or_below, read_runs, to_csv
+from rope_lm.compare.noise import WINDOW_CONTROL, against_control
+from rope_lm.compare.result_files import files_given_or_below, read_runs, short_path, to_csv
 from rope_lm.core.errors import ConfigError
-from rope_lm.core.files import atomic_write, from_here
+from rope_lm.core.files import atomic_write, from_here, written_together
 from rope_lm.core.tables import markdown_table
 from rope_lm.probes.effective_length import effective_label
 
@@ -47,7 +48,7 @@ def load_retrieval_runs(paths: list[str]) -> tuple[list[dict], list[str]]:
     def problem(r, p):
         if not isinstance(r, dict) or not isinstance(r.get("tasks"), dict) or "effective" not in r:
             return (
-                f"NO EFFECTIVE LENGTHS: `{_short(os.path.dirname(p))}`: {p} has no effective lengths (written by "
+                f"NO EFFECTIVE LENGTHS: `{short_path(os.path.dirname(p))}`: {p} has no effective lengths (written by "
                 f"an older scripts/retrieval.py); rerun it."
             )
 
@@ -207,7 +208,6 @@ def compare_retrieval(paths: list[str], out_dir: str, title: str | None = None, 
             f"{' (' + '; '.join(skipped[:3]) + ')' if skipped else ''}: point compare at "
             f"scripts/retrieval.py outputs."
         )
-    os.makedirs(out_dir, exist_ok=True)
     names = retrieval_labels(runs)
     md = [
         f"# {title or 'Retrieval battery: effective length'}",
@@ -226,6 +226,7 @@ def compare_retrieval(paths: list[str], out_dir: str, title: str | None = None, 
         "markdown": os.path.join(out_dir, "compare_retrieval.md"),
         "csv": os.path.join(out_dir, "compare_retrieval.csv"),
     }
-    atomic_write(files["markdown"], "\n".join(md))
-    atomic_write(files["csv"], to_csv(rows, COLUMNS))
+    with written_together(out_dir, "out=", "comparison"):  # both or neither; a folder made for them goes on failure
+        atomic_write(files["markdown"], "\n".join(md))
+        atomic_write(files["csv"], to_csv(rows, COLUMNS))
     return {"out_dir": out_dir, "files": files, "runs": runs, "rows": rows, "skipped": skipped}

@@ -7,9 +7,9 @@ import os
 import re
 
 from rope_lm.compare.labels import distinct_labels, flat_settings
-from rope_lm.compare.ppl import _short, files_given_or_below, read_runs, to_csv
+from rope_lm.compare.result_files import files_given_or_below, read_runs, short_path, to_csv
 from rope_lm.core.errors import ConfigError
-from rope_lm.core.files import atomic_write, from_here
+from rope_lm.core.files import atomic_write, from_here, written_together
 from rope_lm.core.tables import markdown_table
 
 TASK_COLUMNS = [
@@ -46,7 +46,7 @@ def load_task_runs(paths: list[str]) -> tuple[list[dict], list[str]]:
     def problem(r, p):
         if not isinstance(r, dict) or r.get("kind") != "task" or "buckets" not in r:
             return (
-                f"UNREADABLE: `{_short(os.path.dirname(p))}`: {p} is not a rope-lm task results file (no kind: "
+                f"UNREADABLE: `{short_path(os.path.dirname(p))}`: {p} is not a rope-lm task results file (no kind: "
                 f"task / buckets)."
             )
 
@@ -119,7 +119,7 @@ def task_summary(root: str) -> str | None:
         return None
     text = (
         "Exact match inside the training sizes / past them (95% bootstrap interval over instances), "
-        f"{len(runs)} runs under {_short(root)}:\n\n" + task_table(runs) + "\n"
+        f"{len(runs)} runs under {short_path(root)}:\n\n" + task_table(runs) + "\n"
     )
     if unreadable:
         text += "\n" + "\n".join(_notes(unreadable))
@@ -129,7 +129,13 @@ def task_summary(root: str) -> str | None:
 
 def compare_tasks(paths: list[str], out_dir: str, title: str | None = None) -> dict:
     """compare_tasks.md (summary table, then accuracy per size bucket across
-    runs for each task), compare_tasks.csv and accuracy_vs_length_<task>.png."""
+    runs for each task), compare_tasks.csv and accuracy_vs_length_<task>.png,
+    written as one set: a full disk part-way leaves out= as it was (or not made)."""
+    with written_together(out_dir, "out=", "comparison"):
+        return _compare_tasks(paths, out_dir, title)
+
+
+def _compare_tasks(paths: list[str], out_dir: str, title: str | None) -> dict:
     from rope_lm.probes.task_run import fmt_acc, plot_accuracy
 
     runs, unreadable = load_task_runs(paths)

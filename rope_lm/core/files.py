@@ -3,6 +3,8 @@ folder built aside and renamed into place, a JSON record, a figure, and a new
 folder name that never reuses an old one."""
 
 import contextlib
+import contextvars
+import errno
 import glob
 import io
 import json
@@ -10,8 +12,43 @@ import logging
 import os
 import shutil
 import tempfile
+import traceback
 
-from rope_lm.core.errors import write_failure
+from rope_lm.core.errors import OutputError, free_space, write_failure
+
+# The files of a written_together block waiting for their rename: [(temporary file, path)], or None.
+_STAGED: contextvars.ContextVar = contextvars.ContextVar("rope_lm_staged_files", default=None)
+
+
+@contextlib.contextmanager
+def written_together(folder: str, setting: str | None = None, what: str = "output", new: bool = False):
+    """The files the block writes (replaced_atomically, atomic_write,
+    write_json, save_figure) replace theirs together when it ends: a write
+    that fails (a full disk) leaves every earlier file of the set as it was,
+    never a new table beside an old plot, and removes `folder` where the
+    block made it (or, with `new`, where the caller made it for this set,
+    while it is empty). The failure is one paragraph naming `setting` (the
+    one that moves the folder, e.g. "out=")."""
+    made = _first_missing(folder) or (os.path.abspath(folder) if new else None)
+    staged: list = []
+    token = _STAGED.set(staged)
+    try:
+        yield
+    except BaseException as e:
+        for tmp, _ in staged:
+            _remove(tmp)
+        _remove_empty(os.path.abspath(folder), made)
+        if not isinstance(e, OutputError):
+            raise
+        if os.path.isdir(folder):
+            kept = f"No file of this {what} was written: {folder} is as it was."
+        else:
+            kept = f"Nothing of this {what} was kept: {folder} was not made."
+        raise e.reworded(kept=kept, setting=setting) from None
+    finally:
+        _STAGED.reset(token)
+    for tmp, path in staged:
+        os.replace(tmp, path)
 
 
 @contextlib.contextmanager
@@ -21,19 +58,64 @@ def replaced_atomically(path: str, errors: tuple = (OSError,)):
     mid-write leaves the previous version intact, never a truncated file.
     A failure of the kinds in `errors` is one paragraph (write_failure)
     saying what was kept."""
-    tmp = None
+    tmp, folder = None, os.path.dirname(os.path.abspath(path))
+    made = _first_missing(folder)
     try:
-        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        os.makedirs(folder, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), prefix=".tmp-" + os.path.basename(path))
         os.close(fd)
         yield tmp
-        os.replace(tmp, path)
+        staged = _STAGED.get()
+        if staged is None:
+            os.replace(tmp, path)
+        else:  # renamed with the rest of its set, when the written_together block ends
+            staged.append((tmp, path))
+            tmp = None
     except errors as e:
+        # The writer's frames may still hold the file open (its space is not freed until it is closed).
+        chained, seen = e, set()
+        while chained is not None and id(chained) not in seen:
+            seen.add(id(chained))
+            traceback.clear_frames(chained.__traceback__)
+            chained = chained.__context__
+        written = _remove(tmp)  # first, so that the space it took counts as free in the message
+        _remove_empty(folder, made)  # the folders made for it, which it never reached
         kept = f"The previous {os.path.basename(path)} is untouched. " if os.path.exists(path) else ""
-        raise write_failure(path, e, kept) from None
+        raise write_failure(path, e, kept, written=written) from None
     finally:
-        if tmp and os.path.exists(tmp):
-            os.unlink(tmp)
+        _remove(tmp)
+
+
+def _first_missing(path: str) -> str | None:
+    """The outermost folder of path that does not exist yet (None when path exists)."""
+    path, missing = os.path.abspath(path), None
+    while not os.path.exists(path) and os.path.dirname(path) != path:
+        missing, path = path, os.path.dirname(path)
+    return missing
+
+
+def _remove_empty(folder: str, made: str | None) -> None:
+    """Remove folder and its parents up to `made`, the outermost one a failed write made, while empty."""
+    if made is None:
+        return
+    while True:
+        try:
+            os.rmdir(folder)
+        except OSError:
+            return
+        if folder == made or os.path.dirname(folder) == folder:
+            return
+        folder = os.path.dirname(folder)
+
+
+def _remove(path: str | None) -> int | None:
+    """Remove a temporary file if it is there; its size, or None."""
+    try:
+        size = os.path.getsize(path)
+        os.unlink(path)
+    except (OSError, TypeError):
+        return None
+    return size
 
 
 def atomic_write(path: str, data: str | bytes):
@@ -60,14 +142,35 @@ def build_folder(target: str, build, what: str) -> None:
         logging.getLogger("rope_lm").info("Removing %s, left by a %s that was stopped", stale, what)
         shutil.rmtree(stale, ignore_errors=True)
     tmp = f"{target}.tmp-{os.getpid()}"
-    os.makedirs(tmp)
+    parent = os.path.dirname(os.path.abspath(target))
+    made = _first_missing(parent)
     try:
+        os.makedirs(tmp)
         build(tmp)
         if os.path.exists(target):
             shutil.rmtree(target)
         os.rename(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        _remove_empty(parent, made)  # the folders made for it: a failed build leaves no empty folder behind
+        raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def check_room(path: str, setting: str, need: int = 64 << 10) -> None:
+    """OutputError, before anything is written, when the disk that would
+    hold path has less than `need` bytes free: not even a run's own
+    bookkeeping (Hydra's saved settings, a few KiB, and its log) would fit,
+    and the run would stop half-made."""
+    free = free_space(path)
+    if free is not None and free < need:
+        raise write_failure(
+            path,
+            OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)),
+            kept="Nothing was started or written there.",
+            setting=setting,
+        )
 
 
 def from_here(path: str) -> str:

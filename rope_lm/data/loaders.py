@@ -6,16 +6,7 @@ import numpy as np
 import torch
 
 from rope_lm.core.errors import ConfigError
-from rope_lm.data.token_cache import (  # noqa: F401  (the data layer's public names, kept where callers import them)
-    CACHE_FORMAT,
-    EOS,
-    DataConfig,
-    TokenCache,
-    cache_problem,
-    load_tokenizer,
-    prepare,
-    train_tokenizer,
-)
+from rope_lm.data.token_cache import DataConfig, TokenCache
 
 
 class TokenWindows(torch.utils.data.Dataset):

@@ -26,7 +26,7 @@ from rope_lm.tasks.retrieval import RetrievalTask, build_tasks
 
 MIX_DEFAULTS = {
     "base": "stdlib",  # corpus the examples are mixed into: stdlib, none, or a path of text files
-    "tasks": ["qa1", "qa2", "cwe", "fwe", "factqa"],  # any of rope_lm.tasks.retrieval.TASKS, in turn
+    "tasks": ["qa1", "qa2", "cwe", "fwe", "factqa"],  # any of rope_lm.tasks.retrieval.RETRIEVAL_TASKS, in turn
     "examples": 20000,  # examples in the train split, the tasks taking turns
     "needles": 4,  # as scripts/retrieval.py's needles=
     "min_chars": 0,  # haystack characters per example, uniform in [min_chars, max_chars]

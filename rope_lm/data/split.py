@@ -5,7 +5,7 @@ from dataclasses import fields
 
 from rope_lm.core.typed import dataclass_annotations, typed, typed_dataclass
 from rope_lm.data.corpus import SourceConfig
-from rope_lm.data.loaders import DataConfig
+from rope_lm.data.token_cache import DataConfig
 
 # data.*: the loader (DataConfig) and source (SourceConfig) settings under one prefix.
 DATA_ANNOTATIONS = {**dataclass_annotations(DataConfig), **dataclass_annotations(SourceConfig)}

@@ -25,7 +25,16 @@ import tempfile
 from filelock import FileLock, Timeout
 import numpy as np
 
-from rope_lm.core.errors import ConfigError, OutputError
+from rope_lm.core.errors import (
+    DENIED,
+    FULL,
+    ConfigError,
+    OutputError,
+    RopeLMError,
+    free_space,
+    size_text,
+    write_problem,
+)
 from rope_lm.core.files import build_folder
 from rope_lm.data.corpus import SPLITS, SourceConfig, hub_failure, quick_key, routed_pieces, scan, train_texts
 from rope_lm.data.encode import encode_to_files
@@ -237,7 +246,17 @@ def resolve_tokenizer(data: DataConfig):
 
 def _build(directory: str, source: SourceConfig, plan, data: DataConfig, tok, eos: str, settings: dict):
     # Called under the directory's lock (files.build_folder's condition).
+    had, written = free_space(data.cache_dir), {}
+
     def build(tmp: str):
+        try:
+            fill(tmp)
+        except Exception as e:
+            if _write_failed(e, data.cache_dir):
+                written["bytes"] = _folder_bytes(tmp)  # measured before build_folder removes it
+            raise
+
+    def fill(tmp: str):
         nonlocal tok
         if tok is None:
             tok = train_tokenizer(
@@ -246,6 +265,7 @@ def _build(directory: str, source: SourceConfig, plan, data: DataConfig, tok, eo
         tok.save(os.path.join(tmp, "tokenizer.json"))
         vocab = tok.get_vocab_size()
         dtype = np.uint16 if vocab <= 1 << 16 else np.uint32
+        written["itemsize"] = np.dtype(dtype).itemsize
         eos_id = tok.token_to_id(eos)
         counts = encode_to_files(
             tok.to_str(),
@@ -275,7 +295,58 @@ def _build(directory: str, source: SourceConfig, plan, data: DataConfig, tok, eo
         with open(os.path.join(tmp, "meta.json"), "w") as f:
             json.dump(meta, f, indent=1)
 
-    build_folder(directory, build, "cache build")
+    try:
+        build_folder(directory, build, "cache build")
+    except Exception as e:
+        if not _write_failed(e, data.cache_dir):
+            raise
+        raise _build_failure(e, data, plan, had, written) from None
+
+
+def _write_failed(error: BaseException, cache_dir: str) -> bool:
+    """A write into cache_dir refused (a full disk, a read-only or forbidden
+    folder), not a source that could not be read or a user error."""
+    if isinstance(error, RopeLMError) or write_problem(error) not in (FULL, DENIED):
+        return False
+    where = getattr(error, "filename", None)  # an OSError names its file: a source file is no cache write
+    inside = os.path.abspath(cache_dir) + os.sep
+    return not isinstance(where, str) or os.path.abspath(where).startswith(inside) or write_problem(error) == FULL
+
+
+def _folder_bytes(folder: str) -> int:
+    total = 0
+    for name in os.listdir(folder) if os.path.isdir(folder) else []:
+        with contextlib.suppress(OSError):
+            total += os.path.getsize(os.path.join(folder, name))
+    return total
+
+
+def _build_failure(error: BaseException, data: DataConfig, plan, had: int | None, build: dict) -> OutputError:
+    """One paragraph for a cache build that the disk refused: data.cache_dir,
+    the space it had, wrote (build["bytes"]) and would need, and what to do."""
+    where = f"data.cache_dir={data.cache_dir!r} ({os.path.abspath(data.cache_dir)})"
+    if write_problem(error) == DENIED:
+        why = os.strerror(error.errno) if getattr(error, "errno", None) else str(error).splitlines()[0]
+        return OutputError(
+            f"The token cache could not be built in {where}: it stopped being writable during the build ({why}). "
+            f"The partial cache was removed. Point data.cache_dir at a writable folder (e.g. "
+            f"data.cache_dir=/tmp/rope-lm-cache), or make that folder writable, then run the same command again."
+        )
+    # Every token is 2 bytes (4 past 65,536 tokens) and covers at least one byte of text; a document adds its
+    # end token and one start (8 bytes).
+    documents = sum(plan.corpus["documents"].values())
+    need = (plan.bytes + documents) * build.get("itemsize", 2) + 8 * documents
+    written = build.get("bytes")
+    space = [f"{size_text(had)} were free when the build started" if had is not None else ""]
+    space.append(f"it had written {size_text(written)} when the disk filled" if written else "")
+    space = "; ".join(t for t in space if t)
+    return OutputError(
+        f"The token cache could not be built in {where}: the disk is full"
+        f"{f' ({space})' if space else ''}. A cache of this corpus ({size_text(plan.bytes)} of text) "
+        f"takes at most about {size_text(need)}. The partial cache was removed; nothing else in data.cache_dir was "
+        f"touched. Free some space on that disk, or point data.cache_dir at a folder on a disk with more room (e.g. "
+        f"data.cache_dir=/tmp/rope-lm-cache), then run the same command again."
+    )
 
 
 def _check_corpus(corpus: dict, expect_corpus: tuple[str, str] | None):
@@ -295,10 +366,22 @@ def _index_path(data: DataConfig, source_key: str, tokenizer: dict) -> str:
 
 
 def _write_index(index: str, directory: str, source_key: str) -> None:
+    """Record which cache this source was built into. Only a shortcut: where
+    the disk refuses it (full), the next run reads the source to find the cache."""
     tmp = f"{index}.tmp-{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump({"cache": os.path.basename(directory), "source_key": source_key}, f)
-    os.replace(tmp, index)
+    try:
+        with open(tmp, "w") as f:
+            json.dump({"cache": os.path.basename(directory), "source_key": source_key}, f)
+        os.replace(tmp, index)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        log.warning(
+            "Could not record the token cache %s in %s (%s); the next run reads the source again to find it.",
+            directory,
+            index,
+            os.strerror(e.errno) if e.errno else e,
+        )
 
 
 def _index_trained_tokenizer(cache: TokenCache, data: DataConfig, source_key: str, eos: str) -> None:

@@ -1,49 +1,13 @@
-"""Results as data first (JSON), then views: markdown table, PNG plot, wandb."""
+"""Views of a run's results (the data and its files: results.py): the
+markdown table (results.md), the PNG plot and the wandb charts."""
 
-import datetime
 import math
 import os
-import subprocess
 
 from rope_lm.core import tables
-from rope_lm.core.files import atomic_write, save_figure, write_json
+from rope_lm.core.files import atomic_write, save_figure
+from rope_lm.eval.results import RESULTS_MD, RESULTS_PNG, write_results
 from rope_lm.train_positions import train_positions_label
-
-RESULTS_JSON = "results.json"
-RESULTS_MD = "results.md"
-RESULTS_PNG = "ppl_vs_length.png"
-
-
-def git_commit() -> str | None:
-    try:
-        here = os.path.dirname(os.path.abspath(__file__))
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=5)
-        if out.returncode != 0:
-            return None
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=here,
-            capture_output=True,
-            text=True,
-            timeout=5,
-        ).stdout.strip()
-        return out.stdout.strip() + ("-dirty" if dirty else "")
-    except (OSError, subprocess.SubprocessError):
-        return None
-
-
-def new_results(config: dict, corpus: dict, train_len: int, scheme: str, **extra) -> dict:
-    return {
-        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "git_commit": git_commit(),
-        "scheme": scheme,
-        "train_len": train_len,
-        "corpus": corpus,
-        "config": config,
-        **extra,
-        "methods": {},
-        "results": [],
-    }
 
 
 def _fmt(v):
@@ -164,6 +128,11 @@ def markdown_table(results: dict) -> str:
     return "\n".join(out) + "\n"
 
 
+def positive(v) -> bool:
+    """A value a log axis can show: a finite number above 0 (None, NaN and inf are missing points)."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
+
+
 def log_binned(per_position: dict, length: int, per_octave: int = 4) -> tuple[list[float], list[float]]:
     """The per-position curve merged into bins of equal width on a log-2 axis
     (per_octave bins per doubling of the position): the long tail past L_train
@@ -172,6 +141,8 @@ def log_binned(per_position: dict, length: int, per_octave: int = 4) -> tuple[li
     starts, width, losses = per_position["start"], per_position["width"], per_position["loss"]
     bins: dict[int, list] = {}
     for start, loss in zip(starts, losses):
+        if not isinstance(loss, (int, float)) or not math.isfinite(loss):
+            continue  # a missing point, not a NaN that spreads over its whole bin
         size = min(width, length - start)
         key = math.floor(per_octave * math.log2(start + size / 2 + 0.5))
         b = bins.setdefault(key, [start, start + size, 0.0, 0])
@@ -189,10 +160,16 @@ def plot(results: dict, path: str):
     train_len = results["train_len"]
     methods = list(dict.fromkeys(r["method"] for r in rows))
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
+    drawn = False
     for m in methods:
-        rs = sorted((r for r in rows if r["method"] == m), key=lambda r: r["length"])
+        every = sorted((r for r in rows if r["method"] == m), key=lambda r: r["length"])
+        # A diverged model's NaN or infinite perplexity is a missing point, never a reason to lose the plot.
+        rs = [r for r in every if positive(r.get("ppl"))]
+        if not rs:
+            continue
+        drawn = True
         (line,) = ax.plot([r["length"] for r in rs], [r["ppl"] for r in rs], marker="o", label=m)
-        band = [r for r in rs if r.get("ppl_lo") is not None]
+        band = [r for r in rs if positive(r.get("ppl_lo")) and positive(r.get("ppl_hi"))]
         if band:
             ax.fill_between(
                 [r["length"] for r in band],
@@ -203,14 +180,19 @@ def plot(results: dict, path: str):
                 linewidth=0,
             )
         longest = rs[-1]
-        pp = longest["per_position"]
-        ax2.plot(*log_binned(pp, longest["length"]), marker=".", label=f"{m} (L={longest['length']})")
+        pp = longest.get("per_position")
+        if pp:
+            ax2.plot(*log_binned(pp, longest["length"]), marker=".", label=f"{m} (L={longest['length']})")
     for a in (ax, ax2):
         a.axvline(train_len, color="grey", linestyle="--", linewidth=1)
         a.set_xscale("log", base=2)
         a.grid(True, alpha=0.3)
-        a.legend(fontsize=8)
-    ax.set_yscale("log")
+        if a.get_legend_handles_labels()[0]:
+            a.legend(fontsize=8)
+    if drawn:
+        ax.set_yscale("log")
+    else:
+        ax.text(0.5, 0.5, "no finite perplexity", transform=ax.transAxes, ha="center")
     ax.set_xlabel("evaluation length (tokens)")
     ax.set_ylabel("perplexity")
     ax.set_title(f"{results['scheme']}: PPL vs length (trained at {train_len}, dashed; bands: 95% interval)")
@@ -227,7 +209,7 @@ def plot(results: dict, path: str):
 def write_views(results: dict, out_dir: str, draw: bool = True):
     """(Re)write results.json, results.md and (with draw) the plot; safe to
     call after every length. Drawing costs ~0.6 s, so callers draw less often."""
-    write_json(os.path.join(out_dir, RESULTS_JSON), results)
+    write_results(results, out_dir)
     if results["results"]:
         atomic_write(os.path.join(out_dir, RESULTS_MD), markdown_table(results))
         if draw:

@@ -117,7 +117,8 @@ def quantisation(path: str) -> dict:
     }
 
 
-def cache_root() -> str:
+def converted_root() -> str:
+    """The folder the converted GGUF inputs are kept under (ROPE_LM_GGUF_CACHE, a user's setting)."""
     return os.environ.get("ROPE_LM_GGUF_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "rope_lm", "gguf")
 
 
@@ -133,7 +134,7 @@ def converted_folder(path_or_name: str) -> str:
     on first use."""
     path = os.path.abspath(gguf_file(path_or_name))
     stem = os.path.basename(path)[: -len(".gguf")]
-    root = cache_root()
+    root = converted_root()
     target = os.path.join(root, f"{stem}-{_key(path)}")
     if os.path.exists(os.path.join(target, SOURCE_FILE)):
         return target

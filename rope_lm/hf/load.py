@@ -186,7 +186,7 @@ def hf_lit(
     if scaling is not None:
         hparams["scaling"] = scaling
     with torch.device("meta"):
-        lit = LitLM(**hparams, optim=optim or {}, max_steps=max_steps, **lit_options)
+        lit = LitLM(**hparams, optim=optim or {}, max_steps=max_steps, layers=model.layout, **lit_options)
     lit.model.load_state_dict(model.state_dict(), assign=True)
     lit.model.rebuild_schemes()  # computed buffers, not in the state dict
     if lit.model.cfg.tie_embeddings:  # assign gives the two names separate Parameter objects

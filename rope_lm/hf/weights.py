@@ -49,14 +49,16 @@ def layout(cfg, mlp_prefix: str = "mlp") -> dict[str, tuple[str, slice | None]]:
         norms = {} if cfg.parallel else {"post_attention_layernorm": "norm2"}
     if cfg.qk_norm:
         norms.update({"self_attn.q_norm": "attn.q_norm", "self_attn.k_norm": "attn.k_norm"})
+    from rope_lm.model.layout import layer_specs
     from rope_lm.model.transformer import layer_softmax
 
+    layers = layer_specs(cfg.layout, {}, cfg.n_layer)
     for i in range(cfg.n_layer):
         hf, ours = f"model.layers.{i}.", f"blocks.{i}."
         out[hf + "input_layernorm.weight"] = (ours + "norm1.weight", None)
         for theirs, mine in norms.items():
             out[hf + theirs + ".weight"] = (ours + mine + ".weight", None)
-        if layer_softmax(cfg, i).sink_logits:
+        if layer_softmax(cfg, i, layers).sink_logits:
             out[hf + "self_attn.sinks"] = (ours + "attn.sinks", None)
         for name, part in rows.items():
             out[hf + f"self_attn.{name}_proj.weight"] = (ours + "attn.qkv.weight", part)

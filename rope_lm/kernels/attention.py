@@ -414,7 +414,7 @@ def _block_mask(T, window, device, ctx, sink_tokens=0):
     from torch.nn.attention.flex_attention import create_block_mask
 
     key = ("flex_block_mask", T, window, sink_tokens, str(device))
-    if key not in ctx.cache:
+    if key not in ctx.memo:
 
         def mask_mod(b, h, q_idx, kv_idx):
             allowed = kv_idx <= q_idx
@@ -423,8 +423,8 @@ def _block_mask(T, window, device, ctx, sink_tokens=0):
                 allowed = allowed & ((near | (kv_idx < sink_tokens)) if sink_tokens else near)
             return allowed
 
-        ctx.cache[key] = create_block_mask(mask_mod, None, None, T, T, device=device)
-    return ctx.cache[key]
+        ctx.memo[key] = create_block_mask(mask_mod, None, None, T, T, device=device)
+    return ctx.memo[key]
 
 
 def flex_path(q, k, v, scheme, layer, pos, plan, ctx, compiled: bool = True):

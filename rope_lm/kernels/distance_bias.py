@@ -4,7 +4,7 @@ fused kernel, without building the (Tq, Tk) bias.
 A scheme whose bias is a function of p_i - p_j (ALiBi, T5, Kerple, Sandwich,
 FIRE while every query is within its L) offers ``distance_bias``: one (H, T)
 row of values per head, computed once per forward pass (once for all layers
-where the scheme's parameters are shared) and kept in ``ctx.cache``.
+where the scheme's parameters are shared) and kept in ``ctx.memo``.
 
 The (Tq, Tk) bias of a block of queries is then a Toeplitz matrix: entry
 (i, j) reads table[i - j]. With the keys in reverse order, entry (i, c) reads
@@ -46,8 +46,8 @@ def padded_table(scheme, layer, pos, plan, ctx, dtype):
     is not a function of the distance for these positions."""
     shared = scheme.distance_bias_shared
     key = ("distance_bias", id(scheme), None if shared else layer, plan.window, dtype)
-    if key in ctx.cache:
-        return ctx.cache[key]
+    if key in ctx.memo:
+        return ctx.memo[key]
     table = scheme.distance_bias(layer, pos, ctx) if arithmetic(pos) else None
     if table is not None:
         H, T = table.shape
@@ -55,7 +55,7 @@ def padded_table(scheme, layer, pos, plan, ctx, dtype):
         if plan.window and plan.window < T:
             table = torch.cat((table[:, : plan.window], table.new_full((H, T - plan.window), float("-inf"))), 1)
         table = torch.cat((table.new_full((H, T - 1), float("-inf")), table), 1)
-    ctx.cache[key] = table
+    ctx.memo[key] = table
     return table
 
 

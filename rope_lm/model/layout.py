@@ -38,6 +38,18 @@ from dataclasses import dataclass
 from rope_lm.core.errors import ConfigError
 
 
+class _Unresolved:
+    def __repr__(self):
+        return "UNRESOLVED"
+
+
+# The default of a `layers` argument (TransformerLM, build_model, check_fit, LitLM, ...): the caller has not
+# resolved the model's layer specs, so the callee resolves them itself, once, from model.layout. A run
+# resolves them in rope_lm.runs.config.resolve_run and hands them down; a checkpoint, an import or a test
+# that builds a model from its settings alone leaves the argument out.
+UNRESOLVED = _Unresolved()
+
+
 @dataclass(frozen=True)
 class LayerSpec:
     pos: dict  # complete scheme settings, name included

@@ -7,7 +7,7 @@ so memory grows with seq_len x layers x width. With it, only each block's
 input is kept; backward runs the block's forward again, one block at a time,
 at the cost of about one more forward pass.
 
-The one subtlety is the per-forward memo, ``PosContext.cache`` (RoPE
+The one subtlety is the per-forward memo, ``PosContext.memo`` (RoPE
 frequencies, a flex block mask, a shared bias table), that the layers of one
 forward fill and read. Non-reentrant checkpointing requires the recomputation
 to save exactly the tensors the first pass saved, so a block must see in
@@ -36,17 +36,17 @@ def run_block(block, x, scheme, pos, plan, ctx, cache, enabled: bool):
     (decoding) is never recomputed: a second pass would append its keys twice."""
     if not (enabled and cache is None and torch.is_grad_enabled()):
         return block(x, scheme, pos, plan, ctx, cache)
-    before = dict(ctx.cache)
+    before = dict(ctx.memo)
     added = {}
 
     def forward(x):
         memo = dict(before)
-        out = block(x, scheme, pos, plan, replace(ctx, cache=memo), None)
+        out = block(x, scheme, pos, plan, replace(ctx, memo=memo), None)
         added.update((k, v) for k, v in memo.items() if k not in before)
         return out
 
     out = checkpoint(forward, x, use_reentrant=False)
-    ctx.cache.update((k, v) for k, v in added.items() if k not in ctx.cache and not _needs_grad(v))
+    ctx.memo.update((k, v) for k, v in added.items() if k not in ctx.memo and not _needs_grad(v))
     return out
 
 

@@ -13,7 +13,7 @@ from rope_lm.kernels.attention import KERNELS, attend
 from rope_lm.model import experts as moe
 from rope_lm.model import softmax_options
 from rope_lm.model.kv_cache import KVCache, cached_attention
-from rope_lm.model.layout import LayerSpec, layer_specs
+from rope_lm.model.layout import UNRESOLVED, LayerSpec, layer_specs
 from rope_lm.model.norms import NORM_KINDS, build_norm
 from rope_lm.model.recompute import run_block
 from rope_lm.positional import Dims, PosContext, build_scheme
@@ -66,6 +66,13 @@ class ModelConfig:
         return int(self.mlp_ratio * self.d_model) if self.mlp_hidden is None else self.mlp_hidden
 
     def validate(self):
+        self.resolve({})
+
+    def resolve(self, pos: dict) -> list[LayerSpec] | None:
+        """Every setting checked, and the layer specs of model.layout under the
+        run's scheme settings `pos` (None without a layout) made: the one place
+        a model's settings are resolved. Its answer is handed to what builds or
+        checks the model (TransformerLM, check_fit, ...) as `layers`."""
         for key in ("vocab_size", "train_len", "n_layer", "n_head", "d_model"):
             if getattr(self, key) <= 0:
                 raise ConfigError(f"model setting {key}={getattr(self, key)} must be a positive integer.")
@@ -104,35 +111,36 @@ class ModelConfig:
                 raise ConfigError(f"model.{key}={value!r} must be a positive number or null (no scaling).")
         if self.attention not in KERNELS:
             raise ConfigError(f"model.attention={self.attention!r} is not a kernel; use one of {', '.join(KERNELS)}.")
-        layer_specs(self.layout, {}, self.n_layer)  # the layout's shape; its schemes are checked when built
+        layers = layer_specs(self.layout, pos, self.n_layer)  # the layout's shape; its schemes are checked when built
         if not isinstance(self.activation_checkpointing, bool):
             raise ConfigError(
                 f"model.activation_checkpointing={self.activation_checkpointing!r} must be true or "
                 f"false (true recomputes each block's activations in backward)."
             )
         for layer in range(self.n_layer):
-            layer_softmax(self, layer)
+            layer_softmax(self, layer, layers)
         if self.mlp_ratio <= 0 or not 0 <= self.dropout < 1:
             raise ConfigError(
                 f"model.mlp_ratio={self.mlp_ratio} must be positive and model.dropout={self.dropout} within [0, 1)."
             )
+        return layers
 
     def dims(self) -> Dims:
         return Dims(self.d_model, self.n_head, self.head_size, self.n_layer, self.train_len)
 
 
-def layer_softmax(cfg: ModelConfig, layer: int) -> softmax_options.SoftmaxOptions:
-    """The softmax options of one layer: model.softmax with its layout entry's over it."""
-    specs = layer_specs(cfg.layout, {}, cfg.n_layer)
-    own = specs[layer].softmax if specs is not None else None
+def layer_softmax(cfg: ModelConfig, layer: int, layers: list[LayerSpec] | None) -> softmax_options.SoftmaxOptions:
+    """The softmax options of one layer: model.softmax with its layout entry's
+    (of the resolved `layers`) over it."""
+    own = layers[layer].softmax if layers is not None else None
     where = f"model.softmax with layer {layer}'s layout softmax" if own else "model.softmax"
     return softmax_options.parse(softmax_options.merged(cfg.softmax, own), cfg.train_len, where)
 
 
-def check_fit(cfg: ModelConfig, pos: dict, scaling: dict | None, length: int) -> None:
+def check_fit(cfg: ModelConfig, pos: dict, scaling: dict | None, length: int, layers=UNRESOLVED) -> None:
     """Refuse a scheme/method pair that does not fit, or a length the scheme or
     method cannot serve, building only the schemes and the method (no weights)."""
-    specs = layer_specs(cfg.layout, pos, cfg.n_layer)
+    specs = layer_specs(cfg.layout, pos, cfg.n_layer) if layers is UNRESOLVED else layers
     schemes = _layer_schemes(specs, pos, cfg.dims())
     method = build_scaling(scaling)
     active = _active_layers(method, specs, schemes)
@@ -209,7 +217,7 @@ class MLP(nn.Module):
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer: int):
+    def __init__(self, cfg: ModelConfig, layer: int, layers: list[LayerSpec] | None):
         super().__init__()
         self.layer = layer
         self.n_head, self.n_kv_head, self.head_dim = cfg.n_head, cfg.kv_heads, cfg.head_size
@@ -223,7 +231,7 @@ class Attention(nn.Module):
         self.k_norm = build_norm(cfg.norm, self.head_dim, cfg.norm_eps) if cfg.qk_norm else None
         # Every kernel divides q.k by sqrt(D); another softmax scale is folded into the queries.
         self.q_factor = None if cfg.attn_scale is None else cfg.attn_scale * self.head_dim**0.5
-        self.softmax = layer_softmax(cfg, layer)
+        self.softmax = layer_softmax(cfg, layer, layers)
         # Created only where asked for, so the state dicts of other models are unchanged.
         self.ssmax = self.sinks = None
         if self.softmax.ssmax_init is not None:
@@ -265,10 +273,10 @@ class Attention(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer: int):
+    def __init__(self, cfg: ModelConfig, layer: int, layers: list[LayerSpec] | None):
         super().__init__()
         self.norm1 = build_norm(cfg.norm, cfg.d_model, cfg.norm_eps)
-        self.attn = Attention(cfg, layer)
+        self.attn = Attention(cfg, layer, layers)
         # A parallel block's MLP reads norm1's output too.
         self.norm2 = None if cfg.parallel else build_norm(cfg.norm, cfg.d_model, cfg.norm_eps)
         self.mlp = moe.Experts(cfg) if cfg.mlp == "moe" else MLP(cfg)
@@ -290,18 +298,20 @@ class Block(nn.Module):
 
 
 class TransformerLM(nn.Module):
-    def __init__(self, cfg: ModelConfig, pos: dict, scaling: dict | None = None):
+    def __init__(self, cfg: ModelConfig, pos: dict, scaling: dict | None = None, layers=UNRESOLVED):
+        """`layers`: the layer specs ModelConfig.resolve(pos) gave where the
+        settings were resolved (a run's RunConfig.layers); left out, the
+        settings are resolved here."""
         super().__init__()
-        cfg.validate()
         self.cfg = cfg
-        self.layout = layer_specs(cfg.layout, pos, cfg.n_layer)
+        self.layout = cfg.resolve(pos) if layers is UNRESOLVED else layers
         self._pos = pos
         self._install_schemes(_layer_schemes(self.layout, pos, cfg.dims()))
         self._plain = build_scaling(None)
         self.set_scaling(scaling)
         self.wte = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.drop = nn.Dropout(cfg.dropout)
-        self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layer))
+        self.blocks = nn.ModuleList(Block(cfg, i, self.layout) for i in range(cfg.n_layer))
         self.norm = build_norm(cfg.norm, cfg.d_model, cfg.norm_eps)
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:
@@ -429,7 +439,7 @@ class TransformerLM(nn.Module):
             method = self.scaling if i in self.scaled_layers else self._plain
             key = (id(scheme), id(method))
             if key not in groups:
-                gctx = replace(ctx, scaling=method, cache={})
+                gctx = replace(ctx, scaling=method, memo={})
                 gpos = method.map_positions(pos, scheme, gctx)
                 groups[key] = (gctx, gpos, method.attention_plan(gpos, gctx))
             gctx, gpos, plan = groups[key]
@@ -447,16 +457,23 @@ class TransformerLM(nn.Module):
 
 
 def build_model(
-    model: dict, pos: dict, scaling: dict | None, vocab_size: int, train_len: int, tuned_len: int | None = None
+    model: dict,
+    pos: dict,
+    scaling: dict | None,
+    vocab_size: int,
+    train_len: int,
+    tuned_len: int | None = None,
+    layers=UNRESOLVED,
 ) -> TransformerLM:
-    """A model from checked settings (rope_lm.runs.config.resolve_run checks a run's)."""
+    """A model from checked settings (rope_lm.runs.config.resolve_run checks a
+    run's, and resolves its `layers`)."""
     cfg = ModelConfig(
         vocab_size=vocab_size,
         train_len=train_len,
         tuned_len=tuned_len,
         **{k: v for k, v in model.items() if k != "name"},
     )
-    return TransformerLM(cfg, pos, scaling)
+    return TransformerLM(cfg, pos, scaling, layers)
 
 
 __all__ = ["ModelConfig", "TransformerLM", "build_model", "asdict"]

@@ -48,7 +48,7 @@ class PosContext:
     # method that acts only at evaluation reads this, so evaluation numbers do
     # not depend on whether gradients are recorded.
     training: bool = False
-    cache: dict = field(default_factory=dict)  # shared by all layers of one forward
+    memo: dict = field(default_factory=dict)  # computed once, shared by all layers of one forward
     # What a scheme carries from one KV-cached call to the next (a recurrent
     # scheme's hidden state); a fresh dict for a forward without a cache.
     state: dict = field(default_factory=dict)
@@ -69,7 +69,7 @@ class PositionalScheme(nn.Module):
     # such a scheme trains through SDPA with its bias as the mask and uses flex at inference.
     flex_trains: bool = True
     has_content_terms: bool = False  # implements content_scores() and/or value_term()
-    # distance_bias() returns the same table for every layer (cached once per forward).
+    # distance_bias() returns the same table for every layer (computed once per forward, in PosContext.memo).
     distance_bias_shared: bool = False
 
     def __init__(self, dims: Dims):

@@ -110,21 +110,21 @@ class Fire(PairwiseBias):
         if pos.device.type != "cpu" or not _fire_kernel.available():
             return None
         key = ("fire_rows", id(self), layer)
-        if key not in ctx.cache:
-            ctx.cache[key] = self._rows(layer, pos)
-        rows = ctx.cache[key]
+        if key not in ctx.memo:
+            ctx.memo[key] = self._rows(layer, pos)
+        rows = ctx.memo[key]
         if rows is None:
             return None
         psi, den = rows
         knots, slope, intercept = self._segments(layer, ctx)
         H = self.dims.n_head
         size = H * (end - start) * end
-        buffer = ctx.cache.get("fire_mask_buffer")
+        buffer = ctx.memo.get("fire_mask_buffer")
         if buffer is None or buffer.numel() < size:
             # One buffer for every block and layer, sized for the widest block
             # (keys up to the last position): a fresh tensor of this size per
             # block costs more in page faults than the bias itself.
-            buffer = ctx.cache["fire_mask_buffer"] = torch.empty(max(size, H * (end - start) * pos.numel()))
+            buffer = ctx.memo["fire_mask_buffer"] = torch.empty(max(size, H * (end - start) * pos.numel()))
         out = buffer[:size].view(H, end - start, end)
         return _fire_kernel.masked_bias(out, psi, den, start, window, knots, slope, intercept)
 
@@ -146,7 +146,7 @@ class Fire(PairwiseBias):
         sorted knots (K,), f = slope[s, h] * x + intercept[s, h] ((K + 1, H)
         each); x falls in segment bucketize(x, knots)."""
         key = ("fire_piecewise", id(self), layer)
-        if key not in ctx.cache:
+        if key not in ctx.memo:
             f = self.layers[layer]
             w1, b1, w2, b2 = f.w1.float(), f.b1.float(), f.w2.float(), f.b2.float()
             moving = w1 != 0
@@ -160,8 +160,8 @@ class Fire(PairwiseBias):
             on = (probes[:, None] * w1 + b1 > 0).to(w2.dtype)  # (segments, width)
             slope = on @ (w2 * w1).t()  # (segments, H)
             intercept = on @ (w2 * b1).t() + b2
-            ctx.cache[key] = (knots.contiguous(), slope.contiguous(), intercept.contiguous())
-        return ctx.cache[key]
+            ctx.memo[key] = (knots.contiguous(), slope.contiguous(), intercept.contiguous())
+        return ctx.memo[key]
 
     def _piecewise(self, layer, ctx):
         """Inference: one search for the segment (shared by the heads) and two

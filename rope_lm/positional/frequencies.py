@@ -2,7 +2,7 @@
 
 A leaf module: it imports no scheme and no method, and both read it
 (positional/rope.py, sinusoidal and Sandwich for the frequencies,
-scaling/rope_frequency.py and longrope.py for the scaled ones).
+the scaling/ frequency methods, pi.py ... longrope.py, for the scaled ones).
 
 Each function maps (rot_dim, base, train_len, target_len, knobs) to
 (inv_freq, attention_factor): float32 inverse frequencies of shape
@@ -14,7 +14,7 @@ function is the identity (plain RoPE frequencies, factor 1) for s <= 1.
 Arithmetic is float64 from the plain float32 frequencies and the result is
 rounded once to float32, so the values agree with transformers' float32
 computations to float tolerance and s <= 1 gives plain RoPE exactly.
-The ScalingMethod classes in rope_frequency.py and longrope.py decide the
+The ScalingMethod classes (scaling/_frequency.py's FrequencyMethod) decide the
 target length (a fixed `factor`, or the current sequence length) and wrap
 these.
 """

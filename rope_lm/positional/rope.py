@@ -84,14 +84,14 @@ class RoPE(PositionalScheme):
 
     def frequencies(self, ctx):
         key = ("rope_freq", self.rot_dim, self.base, self.kept_pairs)
-        if key not in ctx.cache:
+        if key not in ctx.memo:
             inv_freq, factor = ctx.scaling.rope_frequencies(self.rot_dim, self.base, ctx)
             dropped = inv_freq.numel() - self.kept_pairs
             if dropped > 0:
                 # p-RoPE: pair i's base frequency is base^(-2i/d), so the last pairs are the lowest.
                 inv_freq = torch.cat((inv_freq[: self.kept_pairs], inv_freq.new_zeros(dropped)))
-            ctx.cache[key] = (inv_freq, factor)
-        return ctx.cache[key]
+            ctx.memo[key] = (inv_freq, factor)
+        return ctx.memo[key]
 
     def rotate(self, q, k, q_pos, k_pos, layer, ctx):
         inv_freq, factor = self.frequencies(ctx)

@@ -24,7 +24,7 @@ from rope_lm.core.files import fresh_dir, save_figure, write_json
 from rope_lm.kernels.attention import attention_probs, match_heads
 from rope_lm.positional.frequencies import inverse_frequencies
 from rope_lm.runs.run_folder import check_writable
-from rope_lm.runs.trained import Trained, checkpoint_cache, output_home
+from rope_lm.runs.trained import Trained, checkpoint_token_cache, output_home
 
 # --- the output folder and the checkpoint's data ----------------------------------
 
@@ -111,7 +111,7 @@ def checkpoint_tokens(trained: Trained, split: str, data_overrides: dict | None 
     if split not in ("train", "valid", "test"):
         raise ConfigError(f"split={split!r} is not a split; use train, valid or test.")
     with tempfile.TemporaryDirectory(prefix="rope-lm-tokenizer-") as work:
-        return checkpoint_cache(trained.lit, data_overrides, work, trained.path)[0].tokens(split)
+        return checkpoint_token_cache(trained.lit, data_overrides, work, trained.path)[0].tokens(split)
 
 
 # --- attention probabilities ------------------------------------------------------

@@ -3,9 +3,9 @@ needle-in-a-haystack heatmaps; BABILong, Kuratov et al., 2024): accuracy by
 context length x needle depth, and each task's effective length.
 
 The tasks (lookups: passkey, multikey, multivalue, multiquery, vartrack;
-reasoning: qa1, qa2, cwe, fwe, factqa) are small classes in
-rope_lm/tasks/retrieval.py (TASKS), text only, which the `retrieval_mix`
-training source shares (rope_lm/data/retrieval_mix.py).
+reasoning: qa1, qa2, cwe, fwe, factqa) are small registered classes in
+rope_lm/tasks/retrieval/ (RETRIEVAL_TASKS), text only, which the
+`retrieval_mix` training source shares (rope_lm/data/retrieval_mix.py).
 
 A prompt is built in token ids of the model's own tokenizer; with its answer
 room (the answer's tokens + 4, at least passkey.ANSWER_ROOM) it has exactly
@@ -34,6 +34,7 @@ stays above a threshold, see effective_length.
 
 from dataclasses import dataclass
 import json
+import logging
 import os
 import random
 
@@ -53,24 +54,25 @@ from rope_lm.probes.effective_length import (  # noqa: F401  (re-exported: R.add
     threshold_note,
 )
 from rope_lm.tasks.passkey_text import FILLER
-from rope_lm.tasks.retrieval import (  # noqa: F401  (the tasks, re-exported: R.TASKS, R.MultiValue, ...)
-    TASKS,
+from rope_lm.tasks.retrieval import (  # noqa: F401  (re-exported: R.RETRIEVAL_TASKS, R.build_tasks, ...)
+    RETRIEVAL_TASKS,
     WORDS,
-    CommonWords,
-    FactQA,
-    FrequentWords,
     Instance,
-    MultiKey,
-    MultiQuery,
-    MultiValue,
     Needle,
-    Passkey,
     RetrievalTask,
-    SingleFact,
-    TwoFacts,
-    VariableTracking,
     build_tasks,
+    task_names,
 )
+from rope_lm.tasks.retrieval.babilong import SingleFact, TwoFacts  # noqa: F401  (re-exported: R.TwoFacts, ...)
+from rope_lm.tasks.retrieval.factqa import FactQA  # noqa: F401
+from rope_lm.tasks.retrieval.multikey import MultiKey  # noqa: F401
+from rope_lm.tasks.retrieval.multiquery import MultiQuery  # noqa: F401
+from rope_lm.tasks.retrieval.multivalue import MultiValue  # noqa: F401
+from rope_lm.tasks.retrieval.passkey import Passkey  # noqa: F401
+from rope_lm.tasks.retrieval.vartrack import VariableTracking  # noqa: F401
+from rope_lm.tasks.retrieval.word_extraction import CommonWords, FrequentWords  # noqa: F401
+
+log = logging.getLogger("rope_lm")
 
 SCORING = ("teacher", "greedy")
 HAYSTACKS = ("corpus", "filler")
@@ -307,17 +309,25 @@ def evaluate(
 CELLS = "cells.jsonl"
 
 
+# The model is checked by content (check_same_model), not with the other settings: the same weights
+# may come by another path, and a path may hold other weights than before.
+IDENTITY_KEYS = ("model", "checkpoint")
+
+
 def read_cells(path: str, settings: dict) -> dict:
     """{(task, length, depth): verdicts} of a cells file written under the same
     settings; a file of other settings is refused, naming them. A last line cut
-    short (the run was killed mid-write) is ignored."""
+    short (the run was killed mid-write) is cut off the file, with a warning, so
+    the next cell starts on a line of its own."""
     if not os.path.exists(path):
         return {}
+    repair_cut_line(path)
     with open(path) as f:
         lines = f.read().splitlines()
     head = json.loads(lines[0]) if lines else {}
     theirs = head.get("settings", {})
-    differ = sorted(k for k in set(settings) | set(theirs) if settings.get(k) != theirs.get(k))
+    keys = (set(settings) | set(theirs)) - set(IDENTITY_KEYS)
+    differ = sorted(k for k in keys if settings.get(k) != theirs.get(k))
     if differ:
         raise ConfigError(
             f"{path} holds cells scored with other settings ({', '.join(differ)}: "
@@ -326,12 +336,49 @@ def read_cells(path: str, settings: dict) -> dict:
         )
     done = {}
     for line in lines[1:]:
-        try:
-            c = json.loads(line)
-        except json.JSONDecodeError:
-            continue
+        c = json.loads(line)
         done[(c["task"], c["length"], c["depth"])] = c["verdicts"]
     return done
+
+
+def repair_cut_line(path: str) -> None:
+    """A file of lines whose last line a kill cut mid-write: cut that line off, naming the file."""
+    with open(path, "rb+") as f:
+        data = f.read()
+        if not data or data.endswith(b"\n"):
+            return
+        keep = data.rfind(b"\n") + 1
+        f.truncate(keep)
+    log.warning(
+        "%s: its last line was cut by an interrupted write (%d bytes); removed, the cell it held is scored again.",
+        path,
+        len(data) - keep,
+    )
+
+
+def check_same_model(path: str, identity: dict, source: str) -> None:
+    """A continued battery reads the model its cells were scored with: by weights and step
+    when the file records them (any path to those weights is accepted), by path for a file
+    written before it did."""
+    if not os.path.exists(path):
+        return
+    with open(path) as f:
+        theirs = json.loads(f.readline() or "{}").get("settings", {})
+    if "model" in theirs:
+        if theirs["model"] != identity:
+            raise ConfigError(
+                f"{path} holds cells scored with another model: weights {theirs['model'].get('weights')} at step "
+                f"{theirs['model'].get('step')} (ckpt={theirs.get('checkpoint')}), where ckpt={source} has weights "
+                f"{identity.get('weights')} at step {identity.get('step')}. Continue with the checkpoint those "
+                f"cells were scored with, or give a new out= folder."
+            )
+        return
+    recorded = theirs.get("checkpoint")
+    if recorded is not None and os.path.realpath(str(recorded)) != os.path.realpath(source):
+        raise ConfigError(
+            f"{path} holds cells scored with ckpt={recorded} (a file written before models were recorded by "
+            f"their weights), not ckpt={source}. Continue with that checkpoint, or give a new out= folder."
+        )
 
 
 def append_cell(path: str, settings: dict, task: str, length: int, depth: float, verdicts) -> None:

@@ -31,8 +31,9 @@ import typing
 import torch
 import torch.nn.functional as F
 
+from rope_lm.core.devices import resolve_device
 from rope_lm.core.errors import ConfigError
-from rope_lm.core.files import atomic_write, save_figure, write_json
+from rope_lm.core.files import atomic_write, replaced_atomically, save_figure, write_json, written_together
 from rope_lm.core.tables import markdown_table
 from rope_lm.core.typed import dataclass_annotations, typed, typed_component, typed_dataclass
 from rope_lm.eval import bootstrap
@@ -44,7 +45,7 @@ from rope_lm.runs.config import DERIVED_MODEL_KEYS, EXISTING
 from rope_lm.runs.run_folder import RunFolder, Status
 from rope_lm.runs.run_settings import TASK_BOOKKEEPING
 from rope_lm.scaling import METHODS
-from rope_lm.tasks.synthetic import TASKS, build_task
+from rope_lm.tasks.synthetic import SYNTHETIC_TASKS, build_task
 from rope_lm.tasks.synthetic.base import EOS
 from rope_lm.train.lit import OptimConfig, build_optimizer
 
@@ -181,7 +182,7 @@ def resolve_task_run(cfg: dict) -> TaskRun:
         ),
         pos=typed_component(SCHEMES, cfg.get("pos") or {}, "pos"),
         scaling=typed_component(METHODS, cfg.get("scaling") or {"name": "none"}, "scaling"),
-        task=typed_component(TASKS, cfg.get("task") or {}, "task"),
+        task=typed_component(SYNTHETIC_TASKS, cfg.get("task") or {}, "task"),
         sizes=typed_dataclass(Sizes, cfg.get("sizes") or {}, "sizes.", "sizes"),
         train=typed_dataclass(TrainSettings, cfg.get("train") or {}, "train.", "train"),
         eval=typed_dataclass(TaskEval, cfg.get("eval") or {}, "eval.", "eval"),
@@ -266,11 +267,7 @@ def exact_match(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tens
 
 
 def _device(name: str) -> str:
-    if name == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if name == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("device=cuda but no CUDA device is available; use device=cpu or auto.")
-    return name
+    return resolve_device(name)
 
 
 def train_model(run: TaskRun, task, vocab, train_set, device, logger=None) -> tuple[torch.nn.Module, dict]:
@@ -464,12 +461,14 @@ def run_task(run: TaskRun, out_dir: str, logger=None) -> dict:
         "config": run.raw,
         "status": Status.COMPLETE,
     }
-    write_json(os.path.join(out_dir, TASK_JSON), results)
-    atomic_write(os.path.join(out_dir, TASK_MD), markdown(results))
-    plot_accuracy([results], os.path.join(out_dir, TASK_PNG))
-    torch.save(
-        {"state_dict": model.state_dict(), "vocab": vocab.symbols, "config": run.raw}, os.path.join(out_dir, MODEL_FILE)
-    )
+    # One set, the record of a complete run last: a full disk part-way leaves none of them, never a
+    # "complete" task_results.json beside a missing or cut-short model.pt.
+    with written_together(out_dir, "hydra.run.dir", "task run's results"):
+        with replaced_atomically(os.path.join(out_dir, MODEL_FILE), errors=(OSError, RuntimeError)) as tmp:
+            torch.save({"state_dict": model.state_dict(), "vocab": vocab.symbols, "config": run.raw}, tmp)
+        plot_accuracy([results], os.path.join(out_dir, TASK_PNG))
+        atomic_write(os.path.join(out_dir, TASK_MD), markdown(results))
+        write_json(os.path.join(out_dir, TASK_JSON), results)
     if logger is not None:
         log_metrics(logger, results, out_dir)
     return results
@@ -567,3 +566,34 @@ def log_metrics(logger, results: dict, out_dir: str):
                 "task/accuracy_vs_length": wandb.Image(os.path.join(out_dir, TASK_PNG)),
             }
         )
+
+
+def task_in_folder(config: dict, out_dir: str, where: str) -> dict:
+    """scripts/task.py's work for one job: the settings checked (the scheme at the longest test
+    size too) before any work, the folder claimed (two shells or machines sharing a study train
+    each run once), the task trained and scored, the table printed."""
+    from rope_lm.runs.run_folder import Skip, check_writable, describe
+    from rope_lm.train.loggers import build_logger, finish
+
+    run = resolve_task_run(config)
+    check_writable(out_dir)
+    folder, start = claim(run, out_dir)
+    if isinstance(start, Skip):
+        print(f"rope-lm: {where}: {describe(start)} (existing=continue).")
+        return {"skipped": start.reason}
+    try:
+        logger = build_logger(run.logger, out_dir, run.run_name or where, config={**config, "data": {}})
+        try:
+            results = run_task(run, out_dir, logger)
+        finally:
+            if logger is not None and hasattr(logger, "save"):
+                try:
+                    logger.save()
+                except OSError as e:  # a full disk: the metrics log is a side record, and must not hide the error
+                    log.warning("Could not write the run's metrics log in %s (%s).", out_dir, e.strerror or e)
+            finish(logger)
+    finally:
+        folder.release()
+    print("\n" + markdown(results))
+    print(f"Task results: {out_dir}/ (task_results.json, task_results.md, accuracy_vs_length.png, model.pt)")
+    return results

@@ -6,7 +6,9 @@ driven by the annotations of the dataclasses below, of each positional
 scheme's and extrapolation method's constructor, and of lightning.Trainer),
 ranges (each section's ``validate``), the scheme/method fit and the
 evaluation lengths. It reads no file and builds no model: everything after it
-receives objects that are known to be valid.
+receives objects that are known to be valid, and what it worked out on the
+way (the evaluation lengths, the model's layer specs) rides on the RunConfig,
+so nothing after it works it out again.
 """
 
 from dataclasses import dataclass, field, fields
@@ -15,9 +17,10 @@ import typing
 from rope_lm.core.errors import ConfigError
 from rope_lm.core.typed import dataclass_annotations, typed, typed_component, typed_dataclass
 from rope_lm.data.corpus import SourceConfig
-from rope_lm.data.loaders import DataConfig
 from rope_lm.data.split import split_data
+from rope_lm.data.token_cache import DataConfig
 from rope_lm.eval.evaluation import EvalConfig
+from rope_lm.model.layout import UNRESOLVED, LayerSpec
 from rope_lm.model.transformer import ModelConfig, check_fit
 from rope_lm.positional import SCHEMES
 from rope_lm.scaling import METHODS
@@ -54,6 +57,10 @@ class RunConfig:
     study: dict = field(default_factory=dict)
     existing: str = "refuse"  # what a run does with a folder that holds a run already (EXISTING)
     lengths: list[int] = field(default_factory=list)  # evaluation lengths, resolved once
+    # model.layout under `pos`, one spec per layer (None: no layout), resolved once (ModelConfig.resolve): what
+    # builds the model (LitLM, open_model, the memory plan) and checks it takes, instead of resolving it again.
+    # UNRESOLVED only in a RunConfig made without resolve_run: then what builds the model resolves it.
+    layers: list[LayerSpec] | None = UNRESOLVED
     raw: dict = field(default_factory=dict)  # the settings as given (for results.json and the checkpoint)
 
     @property
@@ -69,7 +76,7 @@ class RunConfig:
         )
 
 
-TOP_LEVEL = {f.name for f in fields(RunConfig)} - {"source", "lengths", "raw"}
+TOP_LEVEL = {f.name for f in fields(RunConfig)} - {"source", "lengths", "layers", "raw"}
 
 
 # --- the run --------------------------------------------------------------------
@@ -134,14 +141,14 @@ def resolve_run(cfg: dict) -> RunConfig:
         **top,
     )
     run.lengths = eval_cfg.resolve_lengths(data.seq_len)
-    # Model shape, scheme/method fit and the longest length: no weights are built.
+    # Model shape and layer specs, scheme/method fit and the longest length: no weights are built.
     mcfg = run.model_config(vocab_size=data.vocab_size)
-    mcfg.validate()
+    run.layers = mcfg.resolve(pos)
     if not run.init_from:  # a fine-tune runs at the checkpoint's L: load_init_from checks it with that
-        check_fit(mcfg, pos, scaling, max(run.lengths + [data.seq_len]))
-        check_train_positions(mcfg, pos, train_pos, data.seq_len)
+        check_fit(mcfg, pos, scaling, max(run.lengths + [data.seq_len]), run.layers)
+        check_train_positions(mcfg, pos, train_pos, data.seq_len, run.layers)
     if trainer.sharded:
         from rope_lm.train.sharding import check_shardable
 
-        check_shardable(mcfg, pos, scaling)
+        check_shardable(mcfg, pos, scaling, run.layers)
     return run

@@ -3,47 +3,24 @@ each extrapolation method, with results.json / results.md / the plot
 rewritten after every length, for the final evaluation of a train run and
 for scripts/eval_extrapolation.py (a trained checkpoint or an imported model)."""
 
-import contextlib
 import logging
 import os
-import signal
 import time
 
-from rope_lm.core.errors import ConfigError, Interrupted
+from rope_lm.core.errors import ConfigError, Interrupted, OutputError
 from rope_lm.core.files import fresh_dir
+from rope_lm.core.stops import signal_status, signals_stop
 from rope_lm.core.typed import typed, typed_component, typed_dataclass
 from rope_lm.data.split import DATA_ANNOTATIONS
 from rope_lm.eval.evaluation import EvalConfig, eval_summary, evaluate_lengths
-from rope_lm.eval.report import RESULTS_JSON, log_to_wandb, new_results, write_views
+from rope_lm.eval.report import log_to_wandb, write_views
+from rope_lm.eval.results import RESULTS_JSON, new_results
 from rope_lm.model.layout import scheme_label
 from rope_lm.runs.run_folder import RunFolder, Status, check_writable, first_missing, refuse_taken
-from rope_lm.runs.trained import checkpoint_cache, open_model, output_home
+from rope_lm.runs.trained import checkpoint_token_cache, open_model, output_home
 from rope_lm.scaling import METHODS, method_label
 
 log = logging.getLogger("rope_lm")
-
-
-class _Terminated(KeyboardInterrupt):
-    """SIGTERM, raised where Ctrl-C raises KeyboardInterrupt."""
-
-
-@contextlib.contextmanager
-def _sigterm_stops():
-    """SIGTERM raises for the span of an evaluation (as Ctrl-C does), so that
-    it stops with a report instead of silently."""
-
-    def stop(signum, frame):
-        raise _Terminated
-
-    try:
-        previous = signal.signal(signal.SIGTERM, stop)
-    except ValueError:  # not the main thread: leave signals alone
-        yield
-        return
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 def evaluate_and_report(
@@ -84,7 +61,7 @@ def evaluate_and_report(
     results["status"] = Status.EVALUATING
     label = None
     try:
-        with _sigterm_stops():
+        with signals_stop():
             for i, options in enumerate(methods):
                 model.set_scaling(options)
                 label = model.scaling.label
@@ -109,8 +86,7 @@ def evaluate_and_report(
             results["status"] = Status.COMPLETE
             write_views(results, out_dir)
     except KeyboardInterrupt as e:
-        status = 128 + (signal.SIGTERM if isinstance(e, _Terminated) else signal.SIGINT)
-        raise Interrupted(_stopped(results, label, expected, len(methods), out_dir, finish), status) from None
+        raise Interrupted(_stopped(results, label, expected, len(methods), out_dir, finish), signal_status(e)) from None
     finally:
         model.set_scaling(original)
     if wandb_run is not None:
@@ -193,10 +169,12 @@ def evaluate_checkpoint(
         )
     earlier = folder.read_results() if finishing else None
     try:
-        cache, data_options = checkpoint_cache(trained.lit, data_overrides, out_dir, trained.path)
-    except BaseException:
+        cache, data_options = checkpoint_token_cache(trained.lit, data_overrides, out_dir, trained.path)
+    except BaseException as e:
         if made:  # a refused corpus leaves no folder holding only the tokenizer behind
             _remove_if_only(out_dir, made, {"tokenizer.json"})
+        if isinstance(e, OutputError):  # a full disk
+            raise e.reworded(setting="out=") from None
         raise
     config["data"] = data_options
     trained_on = (hp.get("corpus") or {}).get("fingerprint")
@@ -214,7 +192,16 @@ def evaluate_checkpoint(
         f"To finish it, run the same command again with out={out_dir} existing=continue "
         f"(the complete methods are kept)."
     )
-    return evaluate_and_report(model, cache, eval_cfg, methods, out_dir, results, finish=finish)
+    try:
+        return evaluate_and_report(model, cache, eval_cfg, methods, out_dir, results, finish=finish)
+    except OutputError as e:  # a full disk part-way: results.json keeps what it could record before
+        if not os.path.exists(folder.file(RESULTS_JSON)):
+            raise e.reworded(setting="out=") from None
+        raise e.reworded(
+            elsewhere="move that folder to a disk with more room (and give its new place as out=)",
+            then=f"finish it: run the same command again with out={out_dir} existing=continue (the complete "
+            f"methods in its results.json are kept)",
+        ) from None
 
 
 def _check_same_evaluation(earlier: dict, config: dict, out_dir: str) -> None:

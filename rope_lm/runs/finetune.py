@@ -30,9 +30,11 @@ def load_init_from(run: RunConfig, out_dir: str) -> dict:
     and pos.* must equal the checkpoint's; a difference is refused here,
     before any data or training work. An imported model (`hf:`) brings its
     own architecture: model.* and pos.* of the run do not apply, and the
-    default `scaling=none` keeps the model's own rope_scaling. Returns what
+    default `scaling=none` keeps the model's own rope_scaling: its settings
+    are resolved here, the run's in resolve_run. Returns what
     `init_from_hparams` and `apply_init_from` need, with data_cfg switched
-    to that tokenizer."""
+    to that tokenizer, and the settings (layer specs included) the run
+    trains with."""
     given = run.init_from
     saved = read_start(given, "init_from")
     hp = dict(saved["hyper_parameters"])
@@ -61,7 +63,9 @@ def load_init_from(run: RunConfig, out_dir: str) -> dict:
     train_len, vocab_size = int(hp["train_len"]), int(hp["vocab_size"])
     # The model must run at the new length with the checkpoint's L (e.g. a learned table of L rows).
     mcfg = run.model_config(vocab_size=vocab_size, train_len=train_len)
-    check_fit(mcfg, run.pos, run.scaling, max(run.lengths + [run.data.seq_len]))
+    if given.startswith("hf:"):  # the imported architecture, not the one resolve_run resolved
+        run = dataclasses.replace(run, layers=mcfg.resolve(run.pos))
+    check_fit(mcfg, run.pos, run.scaling, max(run.lengths + [run.data.seq_len]), run.layers)
     data_cfg = own_tokenizer(
         run.data,
         saved.get("tokenizer_json"),
@@ -81,6 +85,7 @@ def load_init_from(run: RunConfig, out_dir: str) -> dict:
         "model": run.model,
         "pos": run.pos,
         "scaling": run.scaling,
+        "layers": run.layers,
     }
 
 

@@ -4,19 +4,23 @@ train.py hands this module a RunConfig (rope_lm.runs.config.resolve_run); a plai
 settings dict is checked here by the same mechanism. The folder decides how
 the run starts (run_folder.RunFolder.claim: start, resume, only evaluate, or
 skip); every check that can fail on user input runs before the corpus is
-tokenized or a step is trained.
+tokenized or a step is trained. The model is built from the RunConfig's
+resolved layer specs (RunConfig.layers), not resolved again.
 """
 
 import dataclasses
 import logging
 import os
 import signal
+import sys
 
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from rope_lm.data.loaders import LMDataModule, prepare
+from rope_lm.data.loaders import LMDataModule
+from rope_lm.data.token_cache import prepare
 from rope_lm.eval.evaluation import eval_summary
-from rope_lm.eval.report import new_results, write_views
+from rope_lm.eval.report import write_views
+from rope_lm.eval.results import new_results
 from rope_lm.model.layout import scheme_label
 from rope_lm.runs.config import RunConfig, resolve_run
 from rope_lm.runs.eval_run import evaluate_and_report
@@ -41,6 +45,68 @@ from rope_lm.train.trainer import build_trainer, trainer_kwargs, wandb_run
 from rope_lm.train_positions import build_train_positions
 
 log = logging.getLogger("rope_lm")
+
+
+def train_in_folder(config: dict, out_dir: str, where: str) -> dict | None:
+    """train.py's work: the settings `config` (plain values, as composed)
+    resolved once, the folder `out_dir` claimed, the run trained and
+    evaluated there, and results.md printed. `where` names the folder in
+    messages and the logger's run. A user error is recorded in the folder
+    (run_folder.record_failure) and raised on. Returns {"skipped": why}
+    where existing=continue finds nothing to do."""
+    from rope_lm.core.errors import Interrupted, OutputError, RopeLMError
+    from rope_lm.eval.results import RESULTS_MD
+    from rope_lm.runs.run_folder import describe, record_failure
+    from rope_lm.train.loggers import build_logger, finish
+
+    folder = None
+    try:
+        run = resolve_run(config)  # every setting checked once, before any work
+        folder, start = claim_train(run, out_dir)  # the folder is this run's before anything is written there
+        if run.existing == "continue":
+            print(f"rope-lm: {where}: {describe(start)} (existing=continue).", file=sys.stderr)
+        if isinstance(start, Skip):
+            return {"skipped": start.reason}
+        logger = build_logger(run.logger, out_dir, run.run_name or where, config=config)
+        try:
+            train_and_evaluate(run, out_dir, logger, claimed=(folder, start))
+        finally:
+            finish(logger)
+    except Interrupted:
+        raise  # what was kept, and how to finish, is the message; the folder says "evaluating"
+    except RopeLMError as e:
+        record_failure(out_dir, config, e, folder)
+        if isinstance(e, OutputError):  # a full or unwritable disk: how to go on depends on what was kept
+            raise _after_write_failure(e, out_dir) from None
+        raise
+    finally:
+        if folder is not None:  # a multirun's next job goes on in this process: its folder is free again
+            folder.release()
+    md = os.path.join(out_dir, RESULTS_MD)
+    if os.path.exists(md):
+        print("\n" + open(md).read())
+        print(f"Results: {out_dir}/ (results.json, results.md, ppl_vs_length.png, checkpoints/)")
+    return None
+
+
+def _after_write_failure(error, out_dir: str):
+    """A failed write in a run folder ends with the way back: resume= where a checkpoint was kept,
+    else the same command, which starts the run anew in the folder."""
+    if os.path.isfile(os.path.join(out_dir, "checkpoints", "last.ckpt")):
+        # existing=continue: trained to the end already, the run is only evaluated (resume= alone would refuse).
+        then = (
+            f"resume the run from its last checkpoint: python train.py resume={out_dir} existing=continue "
+            f"(or resume=<its new place>)"
+        )
+        return error.reworded(then=then, elsewhere="move the run folder to a disk that has room (or is writable)")
+    path = os.path.abspath((error.failure or {}).get("path") or "")
+    inside = path.startswith(os.path.abspath(out_dir) + os.sep)
+    setting = {"setting": "hydra.run.dir (hydra.sweep.dir in a sweep)"} if inside else {}
+    then = (
+        f"run the same command again: no checkpoint had been written in {out_dir}, so there is nothing to resume, "
+        f"and the run starts anew"
+    )
+    return error.reworded(then=then, **setting)
 
 
 def claim_train(run: RunConfig, out_dir: str):
@@ -76,7 +142,7 @@ def train_and_evaluate(run: RunConfig | dict, out_dir: str, logger=None, claimed
     if init:  # a fine-tune runs the checkpoint's architecture (an imported model's own, for init_from=hf:)
         data_cfg = init["data_cfg"]
         settings = {"model": init["model"], "pos": init["pos"], "scaling": init["scaling"]}
-        run = dataclasses.replace(run, **settings, raw={**run.raw, **settings})
+        run = dataclasses.replace(run, **settings, layers=init["layers"], raw={**run.raw, **settings})
     finish = f"To finish it: python train.py resume={out_dir} existing=continue"
 
     if isinstance(start, EvaluateOnly):  # trained already: the final checkpoint's model, every length again
@@ -97,7 +163,14 @@ def train_and_evaluate(run: RunConfig | dict, out_dir: str, logger=None, claimed
             **_train_positions(run),
         )
         return evaluate_and_report(
-            open_model(ckpt).model, cache, run.eval, [run.scaling], out_dir, results, wandb_run(logger), finish
+            open_model(ckpt, layers=run.layers).model,
+            cache,
+            run.eval,
+            [run.scaling],
+            out_dir,
+            results,
+            wandb_run(logger),
+            finish,
         )
 
     state = {}
@@ -134,7 +207,7 @@ def train_and_evaluate(run: RunConfig | dict, out_dir: str, logger=None, claimed
     import lightning as L
 
     L.seed_everything(run.seed, workers=True, verbose=False)
-    lit = LitLM(**hparams)
+    lit = LitLM(**hparams, layers=run.layers)
     if init:
         apply_init_from(init, lit)
     with open(os.path.join(cache.dir, "tokenizer.json")) as f:
@@ -159,9 +232,40 @@ def train_and_evaluate(run: RunConfig | dict, out_dir: str, logger=None, claimed
     results = _new_results(run, cache, trainer, out_dir, Status.COMPLETE, earlier)
     if trainer.is_global_zero:
         # Under DDP/FSDP the in-memory model may be sharded; evaluate the consolidated checkpoint alone.
-        model = lit.model if trainer.world_size == 1 else open_model(final).model
+        model = lit.model if trainer.world_size == 1 else open_model(final, layers=run.layers).model
         evaluate_and_report(model, cache, run.eval, [run.scaling], out_dir, results, wandb_run(logger), finish)
     return results
+
+
+def plan_memory(config: dict) -> str:
+    """scripts/plan_memory.py's work: what one device holds during a training
+    step of the run `config` describes (its settings resolved as train.py
+    resolves them; `device_gb`, when given, the memory the longest
+    data.seq_len must fit), as train/memory_plan.format_plan writes it."""
+    from rope_lm.core.errors import ConfigError
+    from rope_lm.train.memory_plan import format_plan, plan, setup_of
+
+    config = dict(config)
+    device_gb = config.pop("device_gb", None)
+    if device_gb is not None and (
+        isinstance(device_gb, bool) or not isinstance(device_gb, (int, float)) or not device_gb > 0
+    ):
+        raise ConfigError(f"device_gb={device_gb!r} must be a positive number of GiB (e.g. device_gb=80), or null.")
+    run = resolve_run(config)
+    setup = setup_of(run.trainer)
+    result = plan(
+        run.model,
+        run.pos,
+        run.scaling,
+        run.data.vocab_size,
+        run.data.seq_len,
+        run.data.batch_size,
+        setup,
+        run.optim,
+        device_gb,
+        run.layers,
+    )
+    return format_plan(result, device_gb)
 
 
 def _new_results(run: RunConfig, cache, trainer, out_dir: str, status: Status, earlier: dict) -> dict:

@@ -25,7 +25,7 @@ import os
 
 from rope_lm.core.errors import ConfigError, RopeLMError, UnwritableFolder
 from rope_lm.core.files import atomic_write, write_json
-from rope_lm.eval.report import RESULTS_JSON
+from rope_lm.eval.results import RESULTS_JSON
 from rope_lm.runs.run_settings import settings_differences
 
 RUN_CONFIG = "run.yaml"  # the settings a run (re)started with; `resume=` reads them

@@ -5,7 +5,7 @@ stopped before writing any results (so none is silently left out)."""
 import json
 import os
 
-from rope_lm.eval.report import RESULTS_JSON
+from rope_lm.eval.results import RESULTS_JSON
 from rope_lm.runs.run_folder import RunFolder, Status
 
 SKIP_DIRS = {"checkpoints", "wandb", "csv", "compare", "eval", "diagnostics", ".hydra", "__pycache__"}

@@ -12,13 +12,17 @@ build) and their messages are the same whichever script the user ran.
 """
 
 from dataclasses import dataclass
+import functools
+import hashlib
 import os
 import re
 
 import torch
 
+from rope_lm.core.devices import resolve_device
 from rope_lm.core.errors import ConfigError
 from rope_lm.core.files import atomic_write
+from rope_lm.model.layout import UNRESOLVED
 from rope_lm.train.checkpointing import load_checkpoint, read_checkpoint, resolve_checkpoint
 
 HF = "hf:"
@@ -77,6 +81,27 @@ class Trained:
         return scheme_label(dict(hp["pos"]), dict(model) if isinstance(model, dict) else None)
 
     @property
+    def step(self) -> int | None:
+        """The training step the checkpoint was written at (None for an imported model)."""
+        return getattr(self.lit, "trained_step", None)
+
+    @functools.cached_property
+    def weights_digest(self) -> str:
+        """A checksum of the weights: what tells a continued evaluation that it reads the same model,
+        whatever path names it (a copy, a symlink, a relative path) and whatever file was rewritten
+        under that path since."""
+        h = hashlib.sha256()
+        for name, tensor in sorted(self.model.state_dict().items()):
+            h.update(name.encode())
+            h.update(tensor.detach().to("cpu").contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+        return h.hexdigest()[:16]
+
+    @property
+    def identity(self) -> dict:
+        """The model by content, as a resumable result records it: the weights' checksum and the step."""
+        return {"weights": self.weights_digest, "step": self.step}
+
+    @property
     def imported(self) -> bool:
         return self.path.startswith(HF)
 
@@ -114,21 +139,25 @@ def _hf_name(source: str, setting: str) -> str | None:
     return name
 
 
-def open_model(source: str, device: str = "auto", scaling: dict | None = None, setting: str = "ckpt") -> Trained:
+def open_model(
+    source: str, device: str = "auto", scaling: dict | None = None, setting: str = "ckpt", layers=UNRESOLVED
+) -> Trained:
     """A trained model in eval mode on `device` ("auto": cuda when there is
     one), optionally under another extrapolation method (`scaling`, options
     as the scaling config group gives them) instead of the one it was
-    trained with. A bad source is a ConfigError naming `setting`."""
+    trained with. A bad source is a ConfigError naming `setting`. `layers`:
+    a rope-lm checkpoint's layer specs where the caller resolved its run's
+    settings already (RunConfig.layers); left out, they are resolved here,
+    once, from the checkpoint's settings."""
     _required(source, setting)
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = resolve_device(device)
     name = _hf_name(source, setting)
     if name is not None:
         from rope_lm.hf.load import hf_lit
 
         lit, path = hf_lit(name).to(device).eval(), HF + name
     else:
-        lit, ckpt = load_checkpoint(source, device, setting)
+        lit, ckpt = load_checkpoint(source, device, setting, layers)
         path = os.path.abspath(ckpt)
     if scaling:
         lit.model.set_scaling(scaling)
@@ -202,7 +231,7 @@ def _corpus_name(model: str, options: dict) -> str:
     return f"{model}-{re.sub(r'[^A-Za-z0-9._-]+', '-', where).strip('-.') or 'corpus'}"
 
 
-def checkpoint_cache(lit, data_overrides: dict | None, work_dir: str, model_path: str | None = None):
+def checkpoint_token_cache(lit, data_overrides: dict | None, work_dir: str, model_path: str | None = None):
     """(token cache, data options) of a checkpoint's own corpus (or its
     settings with overrides), tokenized with the tokenizer the checkpoint
     carries, so the model sees exactly the ids it was trained on. A corpus
@@ -210,8 +239,8 @@ def checkpoint_cache(lit, data_overrides: dict | None, work_dir: str, model_path
     and the like given) without a data.name is named after the model at
     model_path (Trained.path) and the source, e.g. the token cache
     SmolLM2-135M-pg19-sample-<key>, not the default corpus's name."""
-    from rope_lm.data.loaders import prepare
     from rope_lm.data.split import split_data
+    from rope_lm.data.token_cache import prepare
 
     own, overrides = lit.hparams.get("data") or {}, data_overrides or {}
     data_options = {**own, **overrides}

@@ -1,9 +1,11 @@
 """Extrapolation methods, registered by name (see docs/methods.md).
 
-Every module here is imported on first use; a method is a ScalingMethod
-subclass decorated with ``@METHODS.register("name")`` plus a
-conf/scaling/<name>.yaml. frequencies.py holds the RoPE frequency formulas as
-pure functions.
+One module a method, named as the method (pi.py is `scaling=pi`), each a
+ScalingMethod subclass decorated with ``@METHODS.register("name")`` plus a
+conf/scaling/<name>.yaml; every module here is imported on first use. What
+several methods share sits in underscore modules, which the registry skips:
+_frequency.py (FrequencyMethod, RampMethod) and _two_pass_map.py (TwoPassMap).
+The RoPE frequency formulas are pure functions in rope_lm/positional/frequencies.py.
 """
 
 from rope_lm.core.errors import ConfigError

@@ -21,8 +21,7 @@ positions can be served.
 import torch
 
 from rope_lm.core.errors import ConfigError
-from rope_lm.scaling import METHODS
-from rope_lm.scaling.base import ScalingMethod
+from rope_lm.scaling.base import METHODS, ScalingMethod
 
 
 def hierarchical_table(table: torch.Tensor, rows: int, alpha: float = 0.4) -> torch.Tensor:

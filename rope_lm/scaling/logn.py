@@ -10,8 +10,7 @@ See rope_lm/scaling/base.py for when it acts (evaluation only by default).
 """
 
 from rope_lm.core.errors import ConfigError
-from rope_lm.scaling import METHODS
-from rope_lm.scaling.base import ScalingMethod
+from rope_lm.scaling.base import METHODS, ScalingMethod
 
 
 @METHODS.register("logn")

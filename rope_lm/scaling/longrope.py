@@ -19,8 +19,8 @@ import os
 
 from rope_lm.core.errors import ConfigError
 import rope_lm.positional.frequencies as F
-from rope_lm.scaling import METHODS
-from rope_lm.scaling.rope_frequency import FrequencyMethod
+from rope_lm.scaling._frequency import FrequencyMethod
+from rope_lm.scaling.base import METHODS
 
 
 def _factor_list(value, key: str):

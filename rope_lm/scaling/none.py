@@ -1,7 +1,6 @@
 """Direct extrapolation: positions past the training length are used as they are."""
 
-from rope_lm.scaling import METHODS
-from rope_lm.scaling.base import ScalingMethod
+from rope_lm.scaling.base import METHODS, ScalingMethod
 
 
 @METHODS.register("none")

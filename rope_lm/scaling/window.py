@@ -21,8 +21,7 @@ import torch
 
 from rope_lm.core.errors import ConfigError
 from rope_lm.kernels.attention import AttnPlan
-from rope_lm.scaling import METHODS
-from rope_lm.scaling.base import ScalingMethod, positive_int
+from rope_lm.scaling.base import METHODS, ScalingMethod, positive_int
 
 SINK_POSITIONS = ("cache", "text")
 

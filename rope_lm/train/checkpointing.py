@@ -197,6 +197,7 @@ def load_checkpoint(path: str, device: str = "cpu", setting: str = "ckpt", layer
     try:
         lit = LitLM(**saved["hyper_parameters"], layers=layers)
         lit.load_state_dict(saved["state_dict"])
+        lit.trained_step = saved.get("global_step")  # what results read from it record (Trained.step)
     except (TypeError, KeyError, RuntimeError) as e:
         first = str(e).splitlines()[0] if str(e) else ""
         raise ConfigError(

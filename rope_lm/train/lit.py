@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from rope_lm.core.errors import ConfigError, TrainingDiverged
 from rope_lm.model.head import mean_cross_entropy
-from rope_lm.model.layout import layer_specs
+from rope_lm.model.layout import UNRESOLVED
 from rope_lm.model.transformer import ModelConfig, build_model, check_fit
 from rope_lm.positional import build_scheme
 from rope_lm.train_positions.base import build_train_positions, draw_batch
@@ -76,14 +76,18 @@ class LitLM(L.LightningModule):
         tuned_len: int | None = None,
         train_pos: dict | None = None,
         seed: int = 0,
+        layers=UNRESOLVED,
     ):
+        """`layers`: the model's layer specs as its settings were resolved
+        (RunConfig.layers); left out, the model resolves them. Not a
+        hyperparameter: a checkpoint holds the settings they come from."""
         super().__init__()
         # A dict: how checkpoints hold it (plain values, readable without this class), and how they give it back.
         self.optim = optim if isinstance(optim, OptimConfig) else OptimConfig(**optim)
         self.optim.validate()
-        self.save_hyperparameters(ignore=["optim"])
+        self.save_hyperparameters(ignore=["optim", "layers"])
         self.save_hyperparameters({**self.hparams, "optim": asdict(self.optim)})
-        self.model = build_model(model, pos, scaling, vocab_size, train_len, tuned_len)
+        self.model = build_model(model, pos, scaling, vocab_size, train_len, tuned_len, layers)
         # Training-time position ids (rope_lm/train_positions/): the n-th training batch's ids come from
         # (seed, rank, n) alone, and checkpoints carry n, so a resumed run draws the ids it would have drawn.
         self.train_positions = build_train_positions(train_pos)
@@ -258,20 +262,22 @@ class TrainingLoss(torch.nn.Module):
         return F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
 
 
-def check_train_positions(cfg: ModelConfig, pos: dict, options: dict | None, length: int) -> None:
+def check_train_positions(cfg: ModelConfig, pos: dict, options: dict | None, length: int, layers) -> None:
     """Refuse, before any work, a training-time position method that windows
     of `length` tokens cannot train with: a model whose schemes read no ids,
     or ids past what a scheme serves without an extrapolation method (a
-    learned table's rows)."""
+    learned table's rows). `layers`: the model's resolved layer specs
+    (ModelConfig.resolve)."""
     method = build_train_positions(options)
     if not method.active:
         return
     method.check(length)
-    specs = layer_specs(cfg.layout, pos, cfg.n_layer)
-    method.check_schemes([build_scheme(s.pos, cfg.dims()) for s in specs] if specs else [build_scheme(pos, cfg.dims())])
+    method.check_schemes(
+        [build_scheme(s.pos, cfg.dims()) for s in layers] if layers else [build_scheme(pos, cfg.dims())]
+    )
     span = method.span(length)
     try:
-        check_fit(cfg, pos, None, span)
+        check_fit(cfg, pos, None, span, layers)
     except ConfigError as e:
         raise ConfigError(
             f"train_pos={method.label} gives training windows of {length} tokens position ids up to "

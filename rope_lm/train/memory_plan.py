@@ -25,6 +25,7 @@ import torch
 
 from rope_lm.core.errors import ConfigError
 from rope_lm.model.head import CHUNK_TOKENS
+from rope_lm.model.layout import UNRESOLVED
 from rope_lm.model.recompute import SETTING
 from rope_lm.model.transformer import build_model
 from rope_lm.train.lit import OptimConfig, TrainingLoss, build_optimizer
@@ -57,9 +58,11 @@ def trace_step(
     checkpointing: bool,
     precision: str = "32-true",
     optim: OptimConfig | None = None,
+    layers=UNRESOLVED,
 ) -> Trace:
     """A training step of this model at (batch, seq_len) under fake tensors,
-    its optimizer state made beforehand (as the second and later steps hold it)."""
+    its optimizer state made beforehand (as the second and later steps hold it);
+    `layers`: the model's resolved layer specs (RunConfig.layers)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.distributed._tools.mem_tracker import MemTracker
 
@@ -73,6 +76,7 @@ def trace_step(
             scaling,
             vocab_size,
             seq_len,
+            layers=layers,
         )
         if precision in ("bf16-true", "16-true"):
             net = net.to(dtype)
@@ -178,32 +182,48 @@ def plan(
     setup: Setup,
     optim: OptimConfig | None = None,
     device_gb: float | None = None,
+    layers=UNRESOLVED,
 ) -> dict:
     """Per device, without and with activation checkpointing: each part, the
-    total, and (given device_gb) the longest data.seq_len whose total fits."""
+    total, and (given device_gb) the longest data.seq_len whose total fits.
+    `layers`: the model's resolved layer specs (RunConfig.layers), for every
+    model traced."""
     out = {"seq_len": seq_len, "batch": batch, "setup": setup, "columns": {}}
     for on in (False, True):
-        t = trace_step(model, pos, scaling, vocab_size, seq_len, batch, on, setup.precision, optim)
+        t = trace_step(model, pos, scaling, vocab_size, seq_len, batch, on, setup.precision, optim, layers)
         column = per_device(t, setup)
         column["loss / logits"] = loss_bytes(batch * seq_len, vocab_size)
         if device_gb:
             column["longest seq_len"] = longest_fit(
-                model, pos, scaling, vocab_size, batch, setup, optim, on, device_gb * GiB, seq_len, column["total"]
+                model,
+                pos,
+                scaling,
+                vocab_size,
+                batch,
+                setup,
+                optim,
+                on,
+                device_gb * GiB,
+                seq_len,
+                column["total"],
+                layers,
             )
         out["columns"]["with checkpointing" if on else "without checkpointing"] = column
     return out
 
 
-def longest_fit(model, pos, scaling, vocab_size, batch, setup, optim, checkpointing, budget, seq_len, total):
+def longest_fit(
+    model, pos, scaling, vocab_size, batch, setup, optim, checkpointing, budget, seq_len, total, layers=UNRESOLVED
+):
     """The longest multiple of 64 tokens whose traced total fits the budget:
     the totals at seq_len, 2 x and 4 x fix a quadratic in the length (linear
     kernels give a line, a T x T score matrix the square), solved for the
     budget, then checked by a trace there and stepped down until it fits."""
     lengths = [seq_len, 2 * seq_len, 4 * seq_len]
     totals = [total] + [
-        per_device(trace_step(model, pos, scaling, vocab_size, n, batch, checkpointing, setup.precision, optim), setup)[
-            "total"
-        ]
+        per_device(
+            trace_step(model, pos, scaling, vocab_size, n, batch, checkpointing, setup.precision, optim, layers), setup
+        )["total"]
         for n in lengths[1:]
     ]
     a, b, c = _quadratic(lengths, totals)
@@ -213,7 +233,7 @@ def longest_fit(model, pos, scaling, vocab_size, batch, setup, optim, checkpoint
     n = max(64, int(guess) // 64 * 64)
     for _ in range(8):  # the fit is close; a few steps down at most
         got = per_device(
-            trace_step(model, pos, scaling, vocab_size, n, batch, checkpointing, setup.precision, optim), setup
+            trace_step(model, pos, scaling, vocab_size, n, batch, checkpointing, setup.precision, optim, layers), setup
         )["total"]
         if got <= budget or n <= 64:
             return n if got <= budget else None

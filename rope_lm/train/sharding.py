@@ -52,15 +52,15 @@ def check_sharded(lightning: dict) -> None:
         )
 
 
-def check_shardable(cfg, pos: dict, scaling: dict | None) -> None:
+def check_shardable(cfg, pos: dict, scaling: dict | None, layers) -> None:
     """Refuse a model fully_shard cannot take, before any work: FSDP2 shards
     every parameter along a dimension, so a scalar parameter (FIRE's c and
     L multiplier) has none. The model is built on the meta device: shapes
-    only."""
+    only; `layers`: its resolved layer specs (ModelConfig.resolve)."""
     from rope_lm.model.transformer import TransformerLM
 
     with torch.device("meta"):
-        model = TransformerLM(cfg, pos, scaling)
+        model = TransformerLM(cfg, pos, scaling, layers)
     scalars = [name for name, p in model.named_parameters() if p.dim() == 0]
     if scalars:
         raise ConfigError(

@@ -35,7 +35,16 @@ class TrainPositions:
         return length
 
     def check(self, length: int) -> None:
-        """Raise ConfigError if windows of `length` tokens cannot be served."""
+        """Raise ConfigError if windows of `length` tokens cannot be served. An active method
+        whose ids cannot reach past the window trains plain positions under another name."""
+        if self.active and self.span(length) <= length:
+            factor = getattr(self, "factor", None)
+            raise ConfigError(
+                f"train_pos={self.name} with train_pos.factor={factor!r} gives windows of data.seq_len={length} "
+                f"tokens ids over {self.span(length)} positions: no id past the window, so its ids are plain "
+                f"positions 0..{length - 1} and the run would be a plain run under another name. Use a factor "
+                f"that reaches past the window (e.g. train_pos.factor=16), or train_pos=none."
+            )
 
     def sample(self, rng: np.random.Generator, length: int) -> np.ndarray:
         """Position ids (length,) int64, strictly increasing, below span(length)."""

@@ -53,6 +53,7 @@ class PoSE(TrainPositions):
         return max(length, int(round(self.factor * length)))
 
     def check(self, length):
+        super().check(length)
         if length < self.chunks:
             raise ConfigError(
                 f"train_pos.chunks={self.chunks} needs windows of at least {self.chunks} tokens (one "

@@ -7,11 +7,10 @@ digit first, the order in which carries are produced (Lee et al., 2023,
 the first answer digit depends on every carry.
 """
 
-from rope_lm.tasks.synthetic import TASKS
-from rope_lm.tasks.synthetic.base import DIGITS, Task
+from rope_lm.tasks.synthetic.base import DIGITS, SYNTHETIC_TASKS, Task
 
 
-@TASKS.register("addition")
+@SYNTHETIC_TASKS.register("addition")
 class Addition(Task):
     symbols = (*DIGITS, "+")
 

@@ -9,6 +9,10 @@ padding goes on the right, so a causal model never sees it.
 import random
 
 from rope_lm.core.errors import ConfigError
+from rope_lm.core.registry import Registry
+
+# The registry lives with the interface, so a task module never imports the package that loads it.
+SYNTHETIC_TASKS = Registry("task", "rope_lm.tasks.synthetic", "task.name")
 
 PAD, BOS, SEP, EOS = "<pad>", "<bos>", "<sep>", "<eos>"
 SPECIALS = (PAD, BOS, SEP, EOS)
@@ -35,7 +39,7 @@ class Vocabulary:
 
 
 class Task:
-    """A subclass is registered with @TASKS.register("name"); its constructor
+    """A subclass is registered with @SYNTHETIC_TASKS.register("name"); its constructor
     knobs are typed (the schema `task.*` is checked against), and it gives
     `symbols` (its alphabet) and `instance(rng, size)`."""
 

@@ -9,8 +9,7 @@ optional repetition (twice, thrice). Clauses are joined left to right:
 longer commands need the same rules applied to more material, in new orders.
 """
 
-from rope_lm.tasks.synthetic import TASKS
-from rope_lm.tasks.synthetic.base import Task
+from rope_lm.tasks.synthetic.base import SYNTHETIC_TASKS, Task
 
 VERBS = {"walk": "WALK", "run": "RUN", "jump": "JUMP", "look": "LOOK", "turn": None}
 TURNS = {"left": "LTURN", "right": "RTURN"}
@@ -18,7 +17,7 @@ REPEATS = {"": 1, "twice": 2, "thrice": 3}
 CONNECTIVES = ("and", "after")
 
 
-@TASKS.register("scan")
+@SYNTHETIC_TASKS.register("scan")
 class Scan(Task):
     def __init__(self, around: bool = False):
         self.around = around

@@ -5,8 +5,7 @@ symbols by their place in the alphabet (digits: numerically).
 """
 
 from rope_lm.core.errors import ConfigError
-from rope_lm.tasks.synthetic import TASKS
-from rope_lm.tasks.synthetic.base import Task, digits
+from rope_lm.tasks.synthetic.base import SYNTHETIC_TASKS, Task, digits
 
 LETTERS = tuple("abcdefghijklmnopqrstuvwxyz")
 
@@ -30,19 +29,19 @@ class _SequenceTask(Task):
         raise NotImplementedError
 
 
-@TASKS.register("copy")
+@SYNTHETIC_TASKS.register("copy")
 class Copy(_SequenceTask):
     def transform(self, x):
         return list(x)
 
 
-@TASKS.register("reverse")
+@SYNTHETIC_TASKS.register("reverse")
 class Reverse(_SequenceTask):
     def transform(self, x):
         return x[::-1]
 
 
-@TASKS.register("sort")
+@SYNTHETIC_TASKS.register("sort")
 class Sort(_SequenceTask):
     def transform(self, x):
         order = {s: i for i, s in enumerate(self.symbols)}

@@ -3,8 +3,7 @@ answer token. Parity (bits, m = 2) needs every input position at once, which
 is where the papers find every scheme fails past the training length without
 scratchpads; summation (digits, m = 10) is its ten-symbol relative."""
 
-from rope_lm.tasks.synthetic import TASKS
-from rope_lm.tasks.synthetic.base import DIGITS, Task, digits
+from rope_lm.tasks.synthetic.base import DIGITS, SYNTHETIC_TASKS, Task, digits
 
 
 class _Modular(Task):
@@ -24,11 +23,11 @@ class _Modular(Task):
         return x, [self.symbols[total]]
 
 
-@TASKS.register("parity")
+@SYNTHETIC_TASKS.register("parity")
 class Parity(_Modular):
     modulus = 2
 
 
-@TASKS.register("summation")
+@SYNTHETIC_TASKS.register("summation")
 class Summation(_Modular):
     modulus = 10

@@ -1,0 +1,202 @@
+"""What a perplexity comparison is made of, and its statistics.
+
+A comparison only means something when every run scored the same text with the
+same tokenizer and was trained at the same length, so runs are keyed by
+(corpus fingerprint + evaluation split, tokenizer, training length, protocol):
+GroupKey. Each (run, extrapolation method) pair is one *series*: one table row
+and one line. Its relative PPL is ppl@L divided by the same series' ppl at
+L_train (falling back to the run's direct-extrapolation series, then to any
+series of the run, where the series itself was not evaluated at L_train).
+
+Series whose runs differ only in `seed` are also aggregated (SeedAggregate):
+mean ± sd across seeds per length, the per-seed values kept. Rows are "within
+noise" of each other when their noise intervals overlap: a single run's 95%
+bootstrap interval, or an aggregate's seed spread mean ± 2 sd
+(docs/studies.md).
+"""
+
+from dataclasses import dataclass, field
+import math
+import os
+import re
+
+from rope_lm.compare.noise import within_noise
+
+
+@dataclass(frozen=True)
+class GroupKey:
+    fingerprint: str
+    split: str
+    tokenizer: str
+    train_len: int
+    protocol: str = "stream"
+
+    def describe(self) -> str:
+        proto = "" if self.protocol == "stream" else f", protocol {self.protocol}"
+        return (
+            f"corpus {self.fingerprint} ({self.split} split), tokenizer {self.tokenizer}, trained at "
+            f"L={self.train_len}{proto}"
+        )
+
+    def slug(self) -> str:
+        proto = "" if self.protocol == "stream" else f"_{self.protocol}"
+        return re.sub(
+            r"[^A-Za-z0-9_.-]+", "-", f"L{self.train_len}_{self.tokenizer}_{self.fingerprint[:8]}_{self.split}{proto}"
+        )
+
+
+@dataclass
+class Series:
+    run_dir: str
+    scheme: str
+    method: str
+    train_len: int
+    rows: dict  # length -> result row
+    label: str = ""
+    reference_ppl: float | None = None  # ppl at L_train used for the relative column
+    reference_self: bool = False  # the reference is this series' own ppl at L_train
+    seed: int | None = None
+    setting: str = ""  # the run's config without NOT_A_SETTING, and the method: equal for seed replicas
+    train_pos: str = "none"  # how training drew its position ids (rope_lm/train_positions/), e.g. pose-x16
+    flat_config: dict = field(default_factory=dict)  # the run's config as dotted keys (labels.flat_settings)
+    given_label: str = ""  # a committed compare.csv's label, kept as it is
+    trained_at: int | None = None  # a reference row's own training length (train_len is its table's)
+
+    def ppl(self, length):
+        row = self.rows.get(length)
+        return None if row is None else row.get("ppl")
+
+    def noise(self, length) -> tuple[float, float] | None:
+        row = self.rows.get(length) or {}
+        if row.get("ppl_lo") is None or row.get("ppl_hi") is None:
+            return None
+        return row["ppl_lo"], row["ppl_hi"]
+
+
+@dataclass
+class SeedAggregate:
+    """Series that differ only in seed: per length, the per-seed PPLs."""
+
+    label: str
+    members: list  # Series, ordered by seed
+
+    @property
+    def scheme(self):
+        return self.members[0].scheme
+
+    @property
+    def method(self):
+        return self.members[0].method
+
+    def values(self, length, relative_to=None) -> dict:
+        """PPL per seed; with `relative_to` (L_train), each seed's PPL over its
+        own at that length."""
+        v = {s.seed: s.ppl(length) for s in self.members if s.ppl(length) is not None}
+        if relative_to is None:
+            return v
+        base = self.values(relative_to)
+        return {k: x / base[k] for k, x in v.items() if k in base}
+
+    def stats(self, length, relative_to=None) -> dict | None:
+        """mean, sd (n - 1 in the denominator), min, max over seeds (of PPL,
+        or relative to `relative_to`); None unless at least two seeds reached
+        this length."""
+        v = list(self.values(length, relative_to).values())
+        if len(v) < 2:
+            return None
+        mean = sum(v) / len(v)
+        sd = math.sqrt(sum((x - mean) ** 2 for x in v) / (len(v) - 1))
+        return {"n": len(v), "mean": mean, "sd": sd, "min": min(v), "max": max(v)}
+
+    def ppl(self, length):
+        st = self.stats(length)
+        return None if st is None else st["mean"]
+
+    def noise(self, length) -> tuple[float, float] | None:
+        st = self.stats(length)
+        return None if st is None else (st["mean"] - 2 * st["sd"], st["mean"] + 2 * st["sd"])
+
+
+@dataclass
+class Run:
+    path: str  # the results.json
+    results: dict
+    key: GroupKey
+    series: list[Series] = field(default_factory=list)
+
+    @property
+    def dir(self) -> str:
+        return os.path.dirname(self.path)
+
+
+@dataclass
+class Group:
+    key: GroupKey
+    runs: list[Run]
+
+    @property
+    def series(self) -> list[Series]:
+        return [s for r in self.runs for s in r.series]
+
+    @property
+    def lengths(self) -> list[int]:
+        return sorted({L for s in self.series for L in s.rows})
+
+    def seed_aggregates(self) -> list[SeedAggregate]:
+        """Series of the same setting and method run with two or more seeds."""
+        by_setting: dict[str, list[Series]] = {}
+        for s in self.series:
+            if s.seed is not None and s.trained_at is None:
+                by_setting.setdefault(s.setting, []).append(s)
+        out, names = [], {}
+        for members in by_setting.values():
+            if len({s.seed for s in members}) < 2 or len({s.seed for s in members}) != len(members):
+                continue  # one seed, or a seed run twice: nothing to aggregate, or not a seed replica
+            members = sorted(members, key=lambda s: s.seed)
+            base = members[0].scheme if members[0].method == "none" else f"{members[0].scheme} + {members[0].method}"
+            names[base] = names.get(base, 0) + 1
+            label = base if names[base] == 1 else f"{base} #{names[base]}"
+            out.append(SeedAggregate(f"{label} ({len(members)} seeds)", members))
+        return out
+
+    def noise_rows(self) -> list:
+        """The rows judged for noise: each seed aggregate, and every series
+        that is not part of one; reference rows (another training length, an
+        upper bound) are no contenders."""
+        aggs = self.seed_aggregates()
+        inside = {id(s) for a in aggs for s in a.members}
+        return aggs + [s for s in self.series if id(s) not in inside and s.trained_at is None]
+
+    def best_and_peers(self, length) -> tuple[object, set] | None:
+        """The row with the lowest PPL at a length, and the ids of the rows
+        within noise of it (the best included); None without any interval."""
+        rows = [r for r in self.noise_rows() if r.ppl(length) is not None]
+        if not rows:
+            return None
+        best = min(rows, key=lambda r: r.ppl(length))
+        if best.noise(length) is None:
+            return None
+        return best, {id(r) for r in rows if within_noise(best.noise(length), r.noise(length))}
+
+
+def relative(s: Series, L: int):
+    """ppl@L over the series' reference PPL at L_train (None where either is missing)."""
+    p = s.ppl(L)
+    return None if p is None or not s.reference_ppl else p / s.reference_ppl
+
+
+def relative_interval(s: Series, L: int) -> tuple:
+    """The evaluation's own interval of the relative PPL, valid only where the
+    reference is the series' own PPL at L_train (as the evaluation computed it)."""
+    row = s.rows.get(L) or {}
+    if not s.reference_self:
+        return None, None
+    return row.get("ppl_rel_lo"), row.get("ppl_rel_hi")
+
+
+def noise_flag(g: Group, row, L):
+    """Whether a row (a series or a seed aggregate) is within noise of the best at a length."""
+    judged = g.best_and_peers(L)
+    if judged is None or row.ppl(L) is None or row.noise(L) is None or getattr(row, "trained_at", None) is not None:
+        return None  # not judged (a reference row is no contender)
+    return id(row) in judged[1]

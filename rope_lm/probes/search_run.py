@@ -1,0 +1,277 @@
+"""A search of an extrapolation method's settings for a trained model and a
+target length, into a folder (scripts/search.py is its command line): the
+settings that minimise PPL on the validation split, then the test-split PPL
+of the winner, the method's defaults and plain positions, with 95%
+intervals. The spaces and the searches are rope_lm/eval/search.py's.
+
+Writes to out= (default: a new <run dir>/search/<method>_x<ratio>):
+best.yaml, trials.json and trials.png, search.json and search.md.
+"""
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+import logging
+import os
+import time
+
+from rope_lm.core.errors import ConfigError
+
+log = logging.getLogger("rope_lm")
+
+
+@dataclass
+class SearchSettings:
+    """conf/search.yaml's settings, as plain values."""
+
+    ckpt: str | None = None
+    hf: str | None = None
+    method: str = "yarn"
+    target: int | None = None
+    multiplier: float = 8
+    trials: int = 30
+    longrope: dict | None = None
+    val_tokens: int = 8192
+    test_tokens: int = 32768
+    batch_tokens: int = 16384
+    bootstrap: int = 1000
+    seed: int = 0
+    data: dict = field(default_factory=dict)
+    device: str = "auto"
+    out: str | None = None
+    conf_name: str | None = None
+
+
+def search_checkpoint(s: SearchSettings, scaling_options: Callable[[str], dict], conf_scaling: str) -> dict:
+    """Search s.method's settings for the model at s.ckpt (or s.hf) and write
+    the folder; returns search.json's summary. `scaling_options(name)`: a
+    method's settings as its conf/scaling file gives them; `conf_scaling`:
+    the folder a conf_name= copy of best.yaml goes into."""
+    from rope_lm.core.files import from_here
+    from rope_lm.core.typed import typed_dataclass
+    from rope_lm.eval import search as S
+    from rope_lm.eval.longrope_search import Evolution
+    from rope_lm.runs.trained import open_model
+
+    method = s.method
+    S.check_method(method)
+    evolution = typed_dataclass(Evolution, s.longrope or {}, "longrope.", "longrope")
+    for key in ("trials", "val_tokens", "test_tokens", "batch_tokens"):
+        value = getattr(s, key)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"{key}={value!r} must be a positive integer.")
+    if bool(s.ckpt) == bool(s.hf):
+        raise ConfigError(
+            "Give one model: ckpt= (a .ckpt file or a run directory) or hf= (a transformers model folder or hub name)."
+        )
+    installed = None
+    if s.conf_name:
+        installed = os.path.join(conf_scaling, f"{s.conf_name}.yaml")
+        if os.path.exists(installed):
+            raise ConfigError(
+                f"conf_name={s.conf_name!r}: {installed} exists already and is never overwritten; choose another name."
+            )
+    reference = scaling_options(S.reference_of(method))
+    trained = open_model(f"hf:{s.hf}" if s.hf else s.ckpt, s.device)
+    model, train_len = trained.model, trained.train_len
+    target = s.target or int(round(s.multiplier * train_len))
+    if target <= train_len:
+        raise ConfigError(
+            f"The target length {target} must exceed the model's training length {train_len}: below "
+            f"it every method is plain positions. Raise target= or multiplier=."
+        )
+    model.set_scaling(reference)  # a method the scheme does not take is refused here, before any work
+    model.validate_length(target)
+    out = _output_dir(s.out, trained.path, method, target / train_len)
+
+    from rope_lm.runs.trained import checkpoint_token_cache
+
+    cache, _ = checkpoint_token_cache(trained.lit, s.data, out)
+    obj = S.objective(model, cache.tokens("valid"), target, s.val_tokens, s.batch_tokens)
+    started = time.perf_counter()
+    history = _run(method, obj, s, evolution, os.path.join(out, "trials.json"))
+    best = S.best_of(history)
+    seconds = time.perf_counter() - started
+    chosen = _options(scaling_options(method), method, best, obj)
+
+    from rope_lm.core.files import atomic_write
+    from rope_lm.eval.evaluation import evaluate_lengths
+    from rope_lm.probes.diagnostics import save_json
+
+    final = S.final_config(obj.eval_cfg, s.test_tokens, s.bootstrap, s.seed)
+    rows, units = {}, {}
+    for label, options in (
+        ("none", {"name": "none"}),
+        (f"{reference['name']} defaults", reference),
+        (f"{method} searched", chosen),
+    ):
+        model.set_scaling(options)
+        got = {}
+        rows[label] = evaluate_lengths(model, cache.tokens("test"), final, train_len, units_out=got)[0]
+        units[label] = got[target]
+        log.info("test ppl@%d [%s] = %.3f", target, label, rows[label]["ppl"])
+    paired = S.paired_ratios(rows, units, final.bootstrap, final.seed, target)
+    text = _yaml(chosen, from_here(trained.path), target, best, len(history))
+    atomic_write(os.path.join(out, "best.yaml"), text)
+    if installed:
+        atomic_write(installed, text)
+    save_json(os.path.join(out, "trials.json"), history)
+    _plot(history, os.path.join(out, "trials.png"), method, target, train_len)
+    summary = {
+        "checkpoint": from_here(trained.path),
+        "method": method,
+        "target": target,
+        "train_len": train_len,
+        "seed": s.seed,
+        "trials": len(history),
+        "search_seconds": seconds,
+        "validation": {
+            "tokens": obj.eval_cfg.token_budget,
+            "best_ppl": best["ppl"],
+            "defaults_ppl": _defaults_ppl(history),
+        },
+        "best": chosen,
+        "test": {k: {key: v.get(key) for key in ("ppl", "ppl_lo", "ppl_hi", "tokens")} for k, v in rows.items()},
+        "paired": paired,
+        "settings": {k: getattr(s, k) for k in ("trials", "longrope", "val_tokens", "test_tokens", "bootstrap")},
+        "installed": installed,
+    }
+    save_json(os.path.join(out, "search.json"), summary)
+    table = search_table(summary)
+    atomic_write(os.path.join(out, "search.md"), table)
+    print("\n" + table)
+    print(
+        f"Search: {out}/ (best.yaml, trials.json, trials.png, search.json, search.md)"
+        + (f"; installed as scaling={s.conf_name}" if installed else "")
+    )
+    return summary
+
+
+def _run(method, obj, s: SearchSettings, evolution, trials_json):
+    from rope_lm.eval import search as S
+    from rope_lm.probes.diagnostics import save_json
+
+    done = []
+
+    def report(r):
+        shown = f"{r['ppl']:.3f}" if r["ppl"] is not None else "refused"
+        log.info("trial %d (%s): validation ppl@%d = %s", r["number"], r.get("origin", ""), obj.target, shown)
+        done.append(r)
+        save_json(trials_json, done)  # after every trial: a stopped search keeps what it measured
+
+    if method != "longrope":
+        return S.optuna_search(method, obj, s.trials, s.seed, report)
+    from rope_lm.eval.longrope_search import evolve
+
+    spec = obj.model.pos_scheme.rotary
+
+    def evaluate(factors):
+        return obj({"name": "longrope", "factor": obj.ratio, "long_factor": factors})
+
+    return evolve(evaluate, spec.rot_dim, spec.base, obj.train_len, obj.target, evolution, s.seed, report)
+
+
+def _options(base: dict, method, best, obj) -> dict:
+    """The winner as a complete scaling config (the method's own file's keys, `base`, the searched values set)."""
+    if method == "longrope":
+        return {**base, "factor": obj.ratio, "long_factor": best["factors"]}
+    return {**base, **best["options"]}
+
+
+def _defaults_ppl(history):
+    first = [r for r in history if r.get("origin") in ("defaults", "yarn")]
+    return first[0]["ppl"] if first else None
+
+
+def _output_dir(out, path, method, ratio) -> str:
+    from rope_lm.core.files import fresh_dir
+    from rope_lm.runs.trained import output_home
+
+    if out:
+        if os.path.isdir(out) and os.listdir(out):
+            raise ConfigError(
+                f"out={out} holds files already, which a search never overwrites; give a new folder "
+                f"(or leave out= unset for a fresh one)."
+            )
+        os.makedirs(out, exist_ok=True)
+        return out
+    folder = fresh_dir(os.path.join(output_home(path, "search"), f"{method}_x{ratio:g}"))
+    os.makedirs(folder)
+    return folder
+
+
+def _yaml(options, source, target, best, n) -> str:
+    import yaml
+
+    head = (
+        f"# Searched by scripts/search.py for {source} at {target} tokens: validation PPL "
+        f"{best['ppl']:.4f}, the best of {n} trials.\n# Load with scaling=<this file> "
+        f"(scripts/eval_extrapolation.py) or copy into conf/scaling/.\n"
+    )
+    return head + yaml.safe_dump(options, sort_keys=False)
+
+
+def _plot(history, path, method, target, train_len):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from rope_lm.core.files import save_figure
+
+    done = [r for r in history if r["ppl"] is not None]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.scatter([r["number"] for r in done], [r["ppl"] for r in done], s=14, label="trial")
+    best, line = float("inf"), []
+    for r in history:
+        if r["ppl"] is not None:
+            best = min(best, r["ppl"])
+        line.append(best)
+    ax.step(range(len(history)), line, where="post", color="black", label="best so far")
+    if _defaults_ppl(history) is not None:
+        ax.axhline(
+            _defaults_ppl(history),
+            color="grey",
+            linestyle="--",
+            label="defaults" if method != "longrope" else "YaRN's factors",
+        )
+    ax.set_yscale("log")
+    ax.set_xlabel("trial")
+    ax.set_ylabel(f"validation PPL at {target} tokens")
+    ax.set_title(f"{method} search, trained at L={train_len}")
+    ax.legend()
+    save_figure(fig, path)
+
+
+def search_table(s: dict) -> str:
+    from rope_lm.core.tables import markdown_table
+
+    def cell(r):
+        ci = f" [{r['ppl_lo']:.2f}, {r['ppl_hi']:.2f}]" if r.get("ppl_lo") is not None else ""
+        return f"{r['ppl']:.2f}{ci}"
+
+    rows = [[label, cell(r)] for label, r in s["test"].items()]
+    tokens = max(r.get("tokens") or 0 for r in s["test"].values())
+    ratios = [
+        f"* {pair}: {r['ratio']:.3f}" + (f" [{r['lo']:.3f}, {r['hi']:.3f}]" if r.get("lo") is not None else "")
+        for pair, r in (s.get("paired") or {}).items()
+    ]
+    ci = (
+        "95% bootstrap interval over windows"
+        if any(r.get("ppl_lo") is not None for r in s["test"].values())
+        else f"no interval: {tokens} test tokens make {tokens // s['target']} window of {s['target']} "
+        f"(test_tokens= of at least twice the target gives one)"
+    )
+    return (
+        f"# {s['method']} settings searched at {s['target']} tokens ({s['target'] / s['train_len']:g} x L)\n\n"
+        f"Checkpoint {s['checkpoint']}. {s['trials']} trials, each scoring {s['validation']['tokens']} validation "
+        f"tokens; best validation PPL {s['validation']['best_ppl']:.3f}. Test-split PPL at the target, {ci}:\n\n"
+        + markdown_table(["settings", f"test PPL @ {s['target']}"], rows)
+        + "\n"
+        + (
+            "\nTest PPL ratios on the same windows, with the 95% interval of the paired bootstrap (each resample "
+            "draws the same windows for both settings, so the interval holds the noise of the difference, not of "
+            "each PPL; below 1 beyond the interval: the first is better):\n\n" + "\n".join(ratios) + "\n"
+            if ratios
+            else ""
+        )
+    )
