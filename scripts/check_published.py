@@ -3,8 +3,6 @@ against the studies' results by its rule (rope_lm/compare/published.py).
 Settings and examples: python scripts/check_published.py --help
 (conf/check_published.yaml)."""
 
-import os
-
 import hydra
 from omegaconf import OmegaConf
 
@@ -14,18 +12,10 @@ from rope_lm.cli import hydra_task
 @hydra.main(config_path="../conf", config_name="check_published", version_base="1.3")
 @hydra_task
 def main(cfg):
-    from rope_lm.compare.published import check_claims, markdown, to_json
-    from rope_lm.core.files import atomic_write
+    from rope_lm.compare.published import check_and_write
 
     a = OmegaConf.to_container(cfg, resolve=True)
-    rows = check_claims(a["claims"], a["studies"])
-    md = markdown(rows)
-    if a["out"]:
-        os.makedirs(a["out"], exist_ok=True)
-        atomic_write(os.path.join(a["out"], "check_published.md"), md)
-        atomic_write(os.path.join(a["out"], "check_published.json"), to_json(rows))
-        print(f"Written: {a['out']}/check_published.md, check_published.json\n")
-    print(md, end="")  # last: its final line is the count per claim, "claims matched: K of N"
+    check_and_write(a["claims"], a["studies"], a["out"])
 
 
 if __name__ == "__main__":

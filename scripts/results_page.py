@@ -5,7 +5,6 @@ python scripts/results_page.py --help (conf/results_page.yaml)."""
 import sys
 
 import hydra
-from omegaconf import OmegaConf
 
 from rope_lm.cli import hydra_task
 
@@ -13,25 +12,9 @@ from rope_lm.cli import hydra_task
 @hydra.main(config_path="../conf", config_name="results_page", version_base="1.3")
 @hydra_task
 def main(cfg):
-    from rope_lm.compare.results_page import regenerate
-    from rope_lm.core.files import atomic_write
+    from rope_lm.compare.results_page import regenerate_pages
 
-    a = OmegaConf.to_container(cfg, resolve=True)
-    stale = {}
-    for page in a["pages"]:
-        with open(page) as f:
-            text = f.read()
-        new, changed = regenerate(text, a["root"])
-        if changed:
-            stale[page] = changed
-            if not a["check"]:
-                atomic_write(page, new)
-    for page, changed in stale.items():
-        verb = "stale" if a["check"] else "regenerated"
-        print(f"{page}: {len(changed)} block(s) {verb}: " + "; ".join(changed))
-    if not stale:
-        print("Every generated block is current: " + ", ".join(a["pages"]))
-    if a["check"] and stale:
+    if regenerate_pages(list(cfg.pages), cfg.root, cfg.check) and cfg.check:
         sys.exit(1)
 
 

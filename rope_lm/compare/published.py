@@ -870,3 +870,19 @@ def markdown(rows: list[dict]) -> str:
 
 def to_json(rows: list[dict]) -> str:
     return json.dumps(rows, indent=1)
+
+
+def check_and_write(claims: list, studies: dict, out: str | None) -> list:
+    """scripts/check_published.py's work: every claim checked, the table printed (its last line
+    the count, "claims matched: K of N"), and with `out` written as markdown and JSON."""
+    from rope_lm.core.files import atomic_write
+
+    rows = check_claims(claims, studies)
+    md = markdown(rows)
+    if out:
+        os.makedirs(out, exist_ok=True)
+        atomic_write(os.path.join(out, "check_published.md"), md)
+        atomic_write(os.path.join(out, "check_published.json"), to_json(rows))
+        print(f"Written: {out}/check_published.md, check_published.json\n")
+    print(md, end="")
+    return rows

@@ -373,3 +373,26 @@ def regenerate(text: str, root: str = ".") -> tuple[str, list[str]]:
         return f"<!-- table: {m.group('spec')} -->\n{body}<!-- end table -->"
 
     return BLOCK.sub(one, text), stale
+
+
+def regenerate_pages(pages: list[str], root: str, check: bool) -> dict:
+    """scripts/results_page.py's work: every stale block of `pages` rewritten from its files
+    (or, with `check`, only named); returns {page: the stale blocks}. The caller exits 1 on a
+    stale block under `check`."""
+    from rope_lm.core.files import atomic_write
+
+    stale = {}
+    for page in pages:
+        with open(page) as f:
+            text = f.read()
+        new, changed = regenerate(text, root)
+        if changed:
+            stale[page] = changed
+            if not check:
+                atomic_write(page, new)
+    for page, changed in stale.items():
+        verb = "stale" if check else "regenerated"
+        print(f"{page}: {len(changed)} block(s) {verb}: " + "; ".join(changed))
+    if not stale:
+        print("Every generated block is current: " + ", ".join(pages))
+    return stale

@@ -64,6 +64,11 @@ def replaced_atomically(path: str, errors: tuple = (OSError,)):
         os.makedirs(folder, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), prefix=".tmp-" + os.path.basename(path))
         os.close(fd)
+        # mkstemp makes the file private (0600); results, checkpoints and models should be as readable as any
+        # file the user writes.
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
         yield tmp
         staged = _STAGED.get()
         if staged is None:
@@ -122,10 +127,6 @@ def atomic_write(path: str, data: str | bytes):
     """Write data via a temporary file and a rename (replaced_atomically),
     flushed to the disk before the rename."""
     with replaced_atomically(path) as tmp:
-        # mkstemp makes the file private (0600); results should be as readable as any file the user writes.
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
         with open(tmp, "wb") as f:
             f.write(data.encode() if isinstance(data, str) else data)
             f.flush()

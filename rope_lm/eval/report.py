@@ -5,7 +5,7 @@ import math
 import os
 
 from rope_lm.core import tables
-from rope_lm.core.files import atomic_write, save_figure
+from rope_lm.core.files import atomic_write, save_figure, written_together
 from rope_lm.eval.results import RESULTS_MD, RESULTS_PNG, write_results
 from rope_lm.train_positions import train_positions_label
 
@@ -208,12 +208,15 @@ def plot(results: dict, path: str):
 
 def write_views(results: dict, out_dir: str, draw: bool = True):
     """(Re)write results.json, results.md and (with draw) the plot; safe to
-    call after every length. Drawing costs ~0.6 s, so callers draw less often."""
-    write_results(results, out_dir)
-    if results["results"]:
-        atomic_write(os.path.join(out_dir, RESULTS_MD), markdown_table(results))
-        if draw:
-            plot(results, os.path.join(out_dir, RESULTS_PNG))
+    call after every length. Drawing costs ~0.6 s, so callers draw less often.
+    The files are replaced together: a full disk part-way leaves all of them
+    as they were, never a results.md behind its results.json."""
+    with written_together(out_dir, what="update of the results"):
+        write_results(results, out_dir)
+        if results["results"]:
+            atomic_write(os.path.join(out_dir, RESULTS_MD), markdown_table(results))
+            if draw:
+                plot(results, os.path.join(out_dir, RESULTS_PNG))
 
 
 LOG2_COLUMNS = ["run", "method", "series", "length", "log2_length", "ppl", "lo", "hi"]

@@ -230,7 +230,10 @@ def _check(model, prompts, max_new_tokens, sampling, stop_tokens, stop_strings, 
             )
         empty = [s for s in stop_strings if not isinstance(s, str) or not s]
         if empty:
-            raise ConfigError(f"Stop strings must be non-empty text; got {empty!r}.")
+            raise ConfigError(
+                f"Stop strings must be non-empty text; got {empty!r} (an empty string would stop before the "
+                f"first token). For no stop strings give none (the command line: stop=[])."
+            )
     for length in sorted({len(p) for p in ids}):
         check_cache_fits(model, min(batch_size, sum(len(p) == length for p in ids)), length, max_new_tokens)
         try:

@@ -36,6 +36,7 @@ the input: the model of before layouts, bit for bit.
 from dataclasses import dataclass
 
 from rope_lm.core.errors import ConfigError
+from rope_lm.positional import SCHEMES
 
 
 class _Unresolved:
@@ -60,6 +61,7 @@ class LayerSpec:
 
 
 def _entry(entry, pos: dict, where: str) -> LayerSpec:
+    string_entry = isinstance(entry, str)
     if isinstance(entry, str):
         entry = {"pos": {"name": entry}}
     if entry is None:
@@ -77,6 +79,12 @@ def _entry(entry, pos: dict, where: str) -> LayerSpec:
     if not isinstance(settings, dict):
         raise ConfigError(f"{where}.pos={settings!r} must be a mapping of scheme settings (e.g. {{name: nope}}).")
     name = settings.get("name", pos.get("name"))
+    if "name" in settings and name not in SCHEMES.names():
+        shown = where if string_entry else f"{where}.pos.name"
+        raise ConfigError(
+            f"Unknown positional scheme {name!r} in the layout ({shown}). Valid names are: "
+            f"{', '.join(SCHEMES.names())}."
+        )
     full = {**pos, **settings} if name == pos.get("name") else {**settings, "name": name}
     window = entry.get("window")
     if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):

@@ -10,6 +10,7 @@ import logging
 import os
 
 from rope_lm.core.errors import ConfigError
+from rope_lm.core.files import written_together
 
 log = logging.getLogger("rope_lm")
 
@@ -155,13 +156,16 @@ def attention_entropy(s: AttentionEntropySettings) -> dict:
         method=method,
         split=s.split,
     )
+    new = not (s.out and os.path.isdir(s.out))
     out = D.make_output_dir(s.out, trained.path, "attention_entropy", s.scaling)
-    D.save_json(os.path.join(out, "attention_entropy.json"), result)
-    D.plot_entropy(
-        result,
-        os.path.join(out, "attention_entropy.png"),
-        f"Attention entropy vs query position — {trained.scheme} + {method}, trained at {train_len}, windows of {T}",
-    )
+    with written_together(out, "out=", "attention-entropy run", new):  # both files or neither (a full disk)
+        D.save_json(os.path.join(out, "attention_entropy.json"), result)
+        D.plot_entropy(
+            result,
+            os.path.join(out, "attention_entropy.png"),
+            f"Attention entropy vs query position — {trained.scheme} + {method}, trained at {train_len}, "
+            f"windows of {T}",
+        )
     print(f"{'layer':>5} {'within L_train':>15} {'past L_train':>13} {'norm. within':>13} {'norm. past':>11}")
     fmt = lambda v: "–" if v is None else f"{v:.3f}"  # noqa: E731
     for l in result["layers"]:
@@ -224,9 +228,11 @@ def pos_similarity(s: PosSimilaritySettings) -> dict:
     panels.append({"title": f"sinusoidal formula, d={dim}, base {s.base:g}", "matrix": sin, "train_len": train_len})
     summary["sinusoidal"] = {"dim": dim, "base": s.base, **_summary(D, sin, train_len)}
     D.output_dir(s.out, ckpt, "pos_similarity")
+    new = not (s.out and os.path.isdir(s.out))
     out = D.make_output_dir(s.out, ckpt, "pos_similarity")
-    D.plot_similarity(panels, os.path.join(out, "pos_similarity.png"))
-    D.save_json(os.path.join(out, "pos_similarity.json"), {"positions": n, **summary})
+    with written_together(out, "out=", "position-similarity run", new):  # both files or neither (a full disk)
+        D.plot_similarity(panels, os.path.join(out, "pos_similarity.png"))
+        D.save_json(os.path.join(out, "pos_similarity.json"), {"positions": n, **summary})
     for name, row in summary.items():
         print(
             f"{name:<12} mean cos-sim at offset 1: {row['by_offset'][1]:.3f}, offset {n // 2}: {row['by_offset'][n // 2]:.3f}"
@@ -313,11 +319,14 @@ def rope_decay(s: RopeDecaySettings) -> list[dict]:
     if not curves:
         raise ConfigError("Nothing to plot: give bases= and head_dims=, or ckpt=.")
     D.output_dir(s.out, ckpt, "rope_decay")
+    new = not (s.out and os.path.isdir(s.out))
     out = D.make_output_dir(s.out, ckpt, "rope_decay")
-    D.save_json(
-        os.path.join(out, "rope_decay.json"), {"max_distance": max_distance, "train_len": train_len, "curves": curves}
-    )
-    D.plot_rope_decay(curves, os.path.join(out, "rope_decay.png"), train_len)
+    with written_together(out, "out=", "RoPE-decay run", new):  # both files or neither (a full disk)
+        D.save_json(
+            os.path.join(out, "rope_decay.json"),
+            {"max_distance": max_distance, "train_len": train_len, "curves": curves},
+        )
+        D.plot_rope_decay(curves, os.path.join(out, "rope_decay.png"), train_len)
     near = min(256, max_distance)
     for c in curves:
         b = c["bound"]

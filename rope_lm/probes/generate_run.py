@@ -89,7 +89,8 @@ def generate_from(s: GenerateSettings) -> list:
     # Hydra's command line keeps a backslash as typed: \n and \t are read as the newline and tab they name.
     stops = [
         str(t).replace("\\n", "\n").replace("\\t", "\t")
-        for t in (s.stop if isinstance(s.stop, list) else [s.stop] if s.stop else [])
+        # stop="" is the empty stop string, refused as stop=[''] is (stop=[] means none).
+        for t in (s.stop if isinstance(s.stop, list) else [] if s.stop is None else [s.stop])
     ]
     if s.out and os.path.exists(s.out):
         raise ConfigError(f"out={s.out} exists; give a new file name (generations are never written over).")

@@ -208,10 +208,15 @@ def write_tokenizer(tokenizer_json: str, directory: str) -> str:
 
 def read_text(path: str) -> str:
     try:
-        with open(path) as f:
+        with open(path, encoding="utf-8") as f:
             return f.read()
     except OSError as e:
         raise ConfigError(f"{path} cannot be read ({e.strerror}).") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(
+            f"{path} is not UTF-8 text (byte {e.start} is {e.object[e.start : e.start + 1]!r}): a binary file, or "
+            f"text in another encoding. Give a text file (convert it with iconv -t UTF-8), or the text itself."
+        ) from None
 
 
 def model_label(path: str) -> str:

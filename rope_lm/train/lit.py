@@ -41,6 +41,19 @@ class OptimConfig:
                 f"optim settings lr={self.lr}, warmup_steps={self.warmup_steps}, min_lr_ratio={self.min_lr_ratio}: "
                 f"lr must be positive, warmup_steps non-negative and min_lr_ratio within [0, 1]."
             )
+        # AdamW's own checks come only at its construction, after the data and the model are built.
+        for key in ("beta1", "beta2"):
+            if not 0 <= getattr(self, key) < 1:
+                raise ConfigError(
+                    f"optim.{key}={getattr(self, key)} must be within [0, 1): AdamW's decay rate of its "
+                    f"{'gradient' if key == 'beta1' else 'squared-gradient'} average (usual: "
+                    f"{'0.9' if key == 'beta1' else '0.95 to 0.999'})."
+                )
+        if self.eps < 0 or self.weight_decay < 0:
+            raise ConfigError(
+                f"optim.eps={self.eps} and optim.weight_decay={self.weight_decay} must be 0 or more "
+                f"(usual: eps 1e-8, weight_decay 0.1)."
+            )
 
 
 def logged_step(trainer) -> int:

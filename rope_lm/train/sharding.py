@@ -48,7 +48,8 @@ def check_sharded(lightning: dict) -> None:
         raise ConfigError(
             f"trainer.sharded=true (the trainer=fsdp preset) chooses the strategy itself (FSDP2 per block through "
             f"Lightning's ModelParallelStrategy), so trainer.strategy={strategy!r} cannot be used with it. Remove "
-            f"trainer.strategy, or drop trainer=fsdp to run {strategy!r} (e.g. trainer.strategy=ddp)."
+            f"trainer.strategy, or set trainer.sharded=false (a new run: leave out trainer=fsdp) to run "
+            f"{strategy!r} (e.g. trainer.strategy=ddp)."
         )
 
 
@@ -78,8 +79,9 @@ def check_world(devices: int, nodes: int) -> None:
         raise ConfigError(
             f"trainer=fsdp shards the model over the devices, but this run has {devices} device(s) on {nodes} "
             f"node(s) (trainer.devices, trainer.num_nodes). Give it two or more (e.g. trainer.devices=8 on a GPU "
-            f"node, or trainer.accelerator=cpu trainer.devices=2), or drop trainer=fsdp to train on one device "
-            f"(model.activation_checkpointing=true saves memory there)."
+            f"node, or trainer.accelerator=cpu trainer.devices=2), or train on one device with "
+            f"trainer.sharded=false (a new run: leave out trainer=fsdp; a resumed one, whose settings come from "
+            f"its run.yaml: add trainer.sharded=false; model.activation_checkpointing=true saves memory there)."
         )
 
 

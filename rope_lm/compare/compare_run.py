@@ -1,0 +1,62 @@
+"""scripts/compare.py's work: whatever the given folders hold, compared side
+by side. Task runs (task_results.json) go to compare_tasks.*, retrieval runs
+(retrieval.json) to compare_retrieval.*, perplexity runs (results.json, or a
+committed compare.csv standing for them) to compare.*; a folder may hold
+several kinds."""
+
+from dataclasses import dataclass, field
+
+from rope_lm.compare.ppl import compare, default_out
+from rope_lm.compare.ppl_runs import has_results
+from rope_lm.compare.ppl_wandb import log_to_wandb
+from rope_lm.compare.retrieval_compare import compare_retrieval, find_retrieval_results
+from rope_lm.compare.task_compare import compare_tasks, find_task_results
+from rope_lm.core.errors import ConfigError
+
+
+@dataclass
+class CompareSettings:
+    """conf/compare.yaml's settings, as plain values."""
+
+    path: str | None = None
+    paths: list = field(default_factory=list)
+    references: list = field(default_factory=list)
+    out: str | None = None
+    group: bool = False
+    title: str | None = None
+    wandb: bool = False
+    project: str | None = None
+    wandb_group: str | None = None
+
+
+def compare_folders(s: CompareSettings) -> dict:
+    """Every comparison the folders allow, printed and written; returns {kind: what it wrote}."""
+    paths = ([s.path] if s.path else []) + list(s.paths)
+    if not paths:
+        raise ConfigError("Give the runs to compare: path=<dir or results.json>, or paths=[a,b,...].")
+    written, out = {}, s.out or default_out(paths)
+    if find_task_results(paths):  # scripts/task.py runs: accuracy vs instance size across runs
+        tasks = compare_tasks(paths, out, title=s.title)
+        print(open(tasks["files"]["markdown"]).read())
+        print(f"Task comparison: {tasks['out_dir']}/ (compare_tasks.md, compare_tasks.csv, accuracy_vs_length_*.png)")
+        written["tasks"] = tasks
+    # scripts/retrieval.py runs: effective length per task and method (old ones without it refused only
+    # when there is nothing else to compare)
+    found = find_retrieval_results(paths) and compare_retrieval(paths, out, s.title, required=not has_results(paths))
+    if found:
+        print(open(found["files"]["markdown"]).read())
+        print(f"Retrieval comparison: {found['out_dir']}/ (compare_retrieval.md, compare_retrieval.csv)")
+        written["retrieval"] = found
+    if written and not has_results(paths):
+        return written
+    # Folders of task or retrieval runs given beside the perplexity runs are theirs, not missing results.
+    ppl_paths = [p for p in paths if has_results([p])] if written else paths
+    summary = compare(ppl_paths, s.out, group=s.group, title=s.title, references=s.references)
+    print(open(summary["files"]["markdown"]).read())
+    print(f"Comparison: {summary['out_dir']}/ (compare.md, compare.csv, ppl_vs_length*.png, per_position*.png)")
+    if s.wandb:
+        offline = log_to_wandb(summary, project=s.project, group=s.wandb_group)
+        if offline:
+            print(f"wandb ran offline; upload the summary run with:  wandb sync {offline}")
+    written["ppl"] = summary
+    return written
