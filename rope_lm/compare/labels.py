@@ -9,10 +9,10 @@ from rope_lm.runs.run_settings import BOOKKEEPING, TASK_BOOKKEEPING, without
 
 # Seed replicas: runs whose settings are equal once the seed and the bookkeeping
 # (rope_lm.runs.run_settings.BOOKKEEPING, TASK_BOOKKEEPING) are left out.
-NOT_A_SETTING = BOOKKEEPING | TASK_BOOKKEEPING | {"seed"}
-# Where a run's inputs came from (the checkpoint it resumed or evaluated, the
-# tokenizer file an evaluation copied), not what it computed: never a name.
-NOT_A_NAME = ("ckpt_path", "init_from", "existing", "data.tokenizer_file")
+NOT_A_SETTING = BOOKKEEPING | TASK_BOOKKEEPING | {"seed", "model_identity"}
+# Where a run's inputs came from (the checkpoint it resumed or evaluated, its weights' checksum
+# and step, the tokenizer file an evaluation copied), not what it computed: never a name.
+NOT_A_NAME = ("ckpt_path", "model_identity", "init_from", "existing", "data.tokenizer_file")
 
 
 def run_name(scheme: str, method: str = "none", train_pos: str = "none") -> str:

@@ -141,6 +141,9 @@ def evaluate_checkpoint(
     imported = trained.path[len("hf:") :] if trained.path.startswith("hf:") else None  # hf= or ckpt=hf:...
     config = {
         "ckpt_path": trained.path if imported else os.path.abspath(trained.path),
+        # The model by content: a continue is checked against it, not the path; the step says when
+        # a model still training was read.
+        "model_identity": trained.identity,
         "model": hp["model"],
         "pos": hp["pos"],
         "trained_scaling": hp.get("scaling"),
@@ -205,17 +208,39 @@ def evaluate_checkpoint(
 
 
 def _check_same_evaluation(earlier: dict, config: dict, out_dir: str) -> None:
+    """A continued evaluation reads the same model (by its weights and step where the folder records
+    them: any path to those weights is accepted; by path for a folder from before) under the same
+    settings; what differs is named with both values."""
     import json
 
     before = json.loads(json.dumps(earlier.get("config") or {}, default=str))
     now = json.loads(json.dumps(config, default=str))
-    differ = sorted(k for k in set(before) | set(now) if before.get(k) != now.get(k))
-    if differ:
+    by_content = "model_identity" in before
+    if by_content and before["model_identity"] != now["model_identity"]:
+        b, n = before["model_identity"], now["model_identity"]
         raise ConfigError(
-            f"existing=continue: out={out_dir} holds an evaluation with other settings "
-            f"({', '.join(differ)} differ), so it is not finished with these. Give a new out= folder, "
-            f"or the command that started that evaluation."
+            f"existing=continue: out={out_dir} holds an evaluation of another model: weights {b.get('weights')} "
+            f"at step {b.get('step')} (ckpt {before.get('ckpt_path')}), where this one has weights "
+            f"{n.get('weights')} at step {n.get('step')} (ckpt {now.get('ckpt_path')}). Give a new out= folder, or "
+            f"the checkpoint that evaluation read."
         )
+    skip = {"model_identity", "ckpt_path"} if by_content else {"model_identity"}
+    if by_content:  # the corpus's name is made from the model's path (a label): the corpus itself must match
+        for side in (before, now):
+            if isinstance(side.get("data"), dict):
+                side["data"] = {k: v for k, v in side["data"].items() if k != "name"}
+    differ = sorted(k for k in (set(before) | set(now)) - skip if before.get(k) != now.get(k))
+    if differ:
+        shown = "; ".join(f"{k}: {_short(before.get(k))} before, {_short(now.get(k))} now" for k in differ)
+        raise ConfigError(
+            f"existing=continue: out={out_dir} holds an evaluation with other settings ({shown}), so it is not "
+            f"finished with these. Give a new out= folder, or the command that started that evaluation."
+        )
+
+
+def _short(value, width: int = 120) -> str:
+    text = repr(value)
+    return text if len(text) <= width else text[: width - 3] + "..."
 
 
 def _remove_if_only(folder: str, made: str, names: set) -> None:
