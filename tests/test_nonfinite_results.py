@@ -56,3 +56,31 @@ def test_a_comparison_holding_a_diverged_run_is_written_with_the_value_missing(t
     assert float(rows[("rope", "128")]["ppl"]) == 20.0
     assert rows[("alibi", "128")]["ppl"] in ("", "nan")
     assert "nan" not in (out / "compare.md").read_text().lower().replace("nano", "")
+
+
+def test_an_evaluation_that_overflows_is_never_complete(tiny_config, tmp_path, monkeypatch):
+    """Finite weights, a NaN perplexity at one length: results.json says failed, names the row,
+    keeps the others; the run stops with one paragraph (exit 1 from the command line)."""
+    import pytest
+
+    from rope_lm.core.errors import EvaluationNotFinite
+    import rope_lm.runs.eval_run as E
+    from rope_lm.runs.pipeline import train_and_evaluate
+
+    real = E.evaluate_lengths
+
+    def overflowing(model, stream, cfg, train_len, on_result, **kw):
+        def poisoned(row):
+            on_result({**row, "ppl": float("nan")} if row["length"] == max(cfg.resolve_lengths(train_len)) else row)
+
+        return real(model, stream, cfg, train_len, poisoned, **kw)
+
+    monkeypatch.setattr(E, "evaluate_lengths", overflowing)
+    out = tmp_path / "run"
+    with pytest.raises(EvaluationNotFinite, match=r"not a number for 1 of 3 .* none at 64 tokens \(nan\)"):
+        train_and_evaluate(tiny_config, str(out))
+    with open(out / "results.json") as f:
+        results = json.load(f)
+    assert results["status"] == "failed" and "not a number" in results["error"]
+    assert [math.isfinite(r["ppl"]) for r in results["results"]] == [True, True, False]
+    assert (out / "ppl_vs_length.png").stat().st_size > 0

@@ -26,6 +26,10 @@ class TrainingDiverged(RopeLMError):
     """The training loss or the weights became NaN or infinite."""
 
 
+class EvaluationNotFinite(RopeLMError):
+    """An evaluation gave a perplexity that is not a number: the run is not complete."""
+
+
 class OutputError(RopeLMError):
     """A result or checkpoint could not be written (disk full, permissions).
     One made by write_failure keeps its parts (`failure`), so a caller that

@@ -4,10 +4,11 @@ rewritten after every length, for the final evaluation of a train run and
 for scripts/eval_extrapolation.py (a trained checkpoint or an imported model)."""
 
 import logging
+import math
 import os
 import time
 
-from rope_lm.core.errors import ConfigError, Interrupted, OutputError
+from rope_lm.core.errors import ConfigError, EvaluationNotFinite, Interrupted, OutputError
 from rope_lm.core.files import fresh_dir
 from rope_lm.core.stops import signal_status, signals_stop
 from rope_lm.core.typed import typed, typed_component, typed_dataclass
@@ -83,8 +84,15 @@ def evaluate_and_report(
                 results["methods"][label]["seconds"] = round(time.perf_counter() - started, 2)
                 if i < len(methods) - 1:
                     write_views(results, out_dir)
-            results["status"] = Status.COMPLETE
+            broken = _not_finite(results)
+            if broken:
+                results["status"] = Status.FAILED
+                results["error"] = broken
+            else:
+                results["status"] = Status.COMPLETE
             write_views(results, out_dir)
+            if broken:
+                raise EvaluationNotFinite(broken)
     except KeyboardInterrupt as e:
         raise Interrupted(_stopped(results, label, expected, len(methods), out_dir, finish), signal_status(e)) from None
     finally:
@@ -92,6 +100,22 @@ def evaluate_and_report(
     if wandb_run is not None:
         log_to_wandb(wandb_run, results, out_dir)
     return results
+
+
+def _not_finite(results: dict) -> str | None:
+    """What of the evaluation is not a number (NaN or infinite perplexity), or None: such a run is
+    never complete, whatever its other lengths measured."""
+    bad = [r for r in results["results"] if not (isinstance(r.get("ppl"), (int, float)) and math.isfinite(r["ppl"]))]
+    if not bad:
+        return None
+    where = "; ".join(f"{r['method']} at {r['length']:,} tokens ({r.get('ppl')})" for r in bad[:6])
+    return (
+        f"The evaluation gave a perplexity that is not a number for {len(bad)} of {len(results['results'])} "
+        f"(method, length) rows: {where}{' ...' if len(bad) > 6 else ''}. The weights were finite when they were "
+        f"saved, so the forward pass overflowed at those lengths (attention logits or a position table past "
+        f"what the scheme or method serves). The other rows are kept in results.json (status failed); plots "
+        f"and comparisons show these as missing."
+    )
 
 
 def _stopped(results: dict, label: str | None, expected: int, n_methods: int, out_dir: str, finish: str) -> str:
