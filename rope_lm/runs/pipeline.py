@@ -239,11 +239,14 @@ def train_and_evaluate(run: RunConfig | dict, out_dir: str, logger=None, claimed
 
 def plan_memory(config: dict) -> str:
     """scripts/plan_memory.py's work: what one device holds during a training
-    step of the run `config` describes (its settings resolved as train.py
-    resolves them; `device_gb`, when given, the memory the longest
-    data.seq_len must fit), as train/memory_plan.format_plan writes it."""
+    step of the run `config` describes (its settings resolved and its trainer
+    built as train.py resolves and builds them, so it refuses what train.py
+    refuses, with the same message; `device_gb`, when given, the memory the
+    longest data.seq_len must fit), as train/memory_plan.format_plan writes it."""
+    import tempfile
+
     from rope_lm.core.errors import ConfigError
-    from rope_lm.train.memory_plan import format_plan, plan, setup_of
+    from rope_lm.train.memory_plan import format_plan, length_limit, plan, setup_of
 
     config = dict(config)
     device_gb = config.pop("device_gb", None)
@@ -252,7 +255,16 @@ def plan_memory(config: dict) -> str:
     ):
         raise ConfigError(f"device_gb={device_gb!r} must be a positive number of GiB (e.g. device_gb=80), or null.")
     run = resolve_run(config)
-    setup = setup_of(run.trainer)
+    quiet = [logging.getLogger(name) for name in ("lightning.pytorch", "lightning.fabric")]
+    levels = [q.level for q in quiet]
+    try:
+        for q in quiet:
+            q.setLevel(logging.WARNING)
+        with tempfile.TemporaryDirectory() as nowhere:  # the trainer is built, never run: it writes nothing
+            setup = setup_of(build_trainer(trainer_kwargs(run.trainer, nowhere, None)))
+    finally:
+        for q, level in zip(quiet, levels):
+            q.setLevel(level)
     result = plan(
         run.model,
         run.pos,
@@ -264,6 +276,7 @@ def plan_memory(config: dict) -> str:
         run.optim,
         device_gb,
         run.layers,
+        limit=length_limit(run.model, run.pos, run.scaling, run.data.vocab_size, run.layers),
     )
     return format_plan(result, device_gb)
 
