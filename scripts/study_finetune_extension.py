@@ -14,10 +14,10 @@ outputs/studies/finetune_extension/<time>):
               the fine-tuning length as their training length)
 """
 
+from dataclasses import dataclass, field
 import os
 
 import hydra
-from omegaconf import OmegaConf
 from study_common import (
     check_overrides,
     compare_and_report,
@@ -29,27 +29,46 @@ from study_common import (
     train,
 )
 
-from rope_lm.cli import hydra_task
+from rope_lm.cli import hydra_task, script_settings
 from rope_lm.core.errors import ConfigError
+
+
+@dataclass
+class FinetuneExtensionStudy:
+    """conf/study_finetune_extension.yaml's settings, as plain values."""
+
+    train: list = field(default_factory=list)
+    base: str | None = None
+    methods: list = field(default_factory=lambda: ["pi", "ntk", "yarn"])
+    factor: int = 4
+    steps: int | None = None
+    out: str | None = None
+    wandb: bool = False
 
 
 @hydra.main(config_path="../conf", config_name="study_finetune_extension", version_base="1.3")
 @hydra_task
 def main(cfg):
+    finetune_extension_study(script_settings(cfg, FinetuneExtensionStudy))
+
+
+def finetune_extension_study(s: FinetuneExtensionStudy):
+    """The study from its settings: each step runs an entry point (train.py, eval_extrapolation.py,
+    compare.py) as the command it prints, so every step is resumable on its own and the study
+    is what a user could have typed; callable from Python as well as from the command line."""
     from rope_lm.runs.trained import open_model
 
-    a = OmegaConf.to_container(cfg, resolve=True)
-    check_overrides(a["train"])
-    if a["factor"] < 2:
-        raise ConfigError(f"factor={a['factor']}: the fine-tune must be longer than the base's training length (>= 2).")
-    if a["steps"] is not None and a["steps"] < 1:
-        raise ConfigError(f"steps={a['steps']} must be at least 1.")
-    out = study_dir("finetune_extension", a["out"])
-    base = a["base"] or train(os.path.join(out, "base"), "rope_scaling", a["train"])
+    check_overrides(s.train)
+    if s.factor < 2:
+        raise ConfigError(f"factor={s.factor}: the fine-tune must be longer than the base's training length (>= 2).")
+    if s.steps is not None and s.steps < 1:
+        raise ConfigError(f"steps={s.steps} must be at least 1.")
+    out = study_dir("finetune_extension", s.out)
+    base = s.base or train(os.path.join(out, "base"), "rope_scaling", s.train)
 
     opened = open_model(base, "cpu", setting="base")
     lit, ckpt = opened.lit, opened.path
-    L, factor = lit.model.cfg.train_len, a["factor"]
+    L, factor = lit.model.cfg.train_len, s.factor
     if lit.model.pos_scheme.family != "rotary":
         raise ConfigError(
             f"{base} holds a {lit.model.pos_scheme.name!r} model; this study fine-tunes RoPE scaling methods."
@@ -57,7 +76,7 @@ def main(cfg):
     lengths = f"[{','.join(str(L * m) for m in (1, 2, 4, 8, 16))}]"
     # `none` fine-tuned too: the control that separates what a method adds from what more training at the
     # longer length alone does.
-    runs = list(dict.fromkeys(["none", *a["methods"]]))
+    runs = list(dict.fromkeys(["none", *s.methods]))
     budget = token_budget(base)
     evaluate(
         ckpt,
@@ -78,8 +97,8 @@ def main(cfg):
             f"eval.lengths={lengths}",
             f"eval.token_budget={budget}",
             f"hydra.sweep.dir={os.path.abspath(os.path.join(out, 'finetune'))}",
-            *([f"trainer.max_steps={a['steps']}"] if a["steps"] else []),
-            *a["train"],
+            *([f"trainer.max_steps={s.steps}"] if s.steps else []),
+            *s.train,
         ],
     )
     data_name = (lit.hparams.get("data") or {}).get("name", "data")
@@ -87,9 +106,9 @@ def main(cfg):
     compare_and_report(
         paths,
         os.path.join(out, "compare"),
-        f"finetune_extension: {', '.join(a['methods'])} zero-shot vs fine-tuned at {factor * L} (base L={L})",
+        f"finetune_extension: {', '.join(s.methods)} zero-shot vs fine-tuned at {factor * L} (base L={L})",
         group=True,
-        wandb=a["wandb"],
+        wandb=s.wandb,
         wandb_group=f"finetune_extension-{data_name}-L{factor * L}",
     )
     print(
