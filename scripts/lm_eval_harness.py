@@ -10,9 +10,14 @@ lm-eval 0.4 finds only the models of its own package, so a bare
 `lm_eval --model rope-lm` cannot see this one: this script imports the model
 (rope_lm/probes/lm_eval_model.py), gives it the scaling config group of conf/ for
 `scaling=<method>` and `scaling.<key>=<value>`, and runs lm-eval's CLI.
+
+A stop (SIGTERM, Ctrl-C) ends with exit status 143 or 130 and one paragraph:
+lm-eval keeps no partial results (but what its --use_cache and
+--cache_requests caches hold, which it names) and the command to run again.
 """
 
 import re
+import sys
 
 from hydra import compose, initialize
 from hydra.errors import HydraException
@@ -21,6 +26,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from rope_lm.cli import group_config, group_options, log_to_stderr, user_errors
 from rope_lm.core.errors import ConfigError
+from rope_lm.core.stops import signals_stop
 
 CONFIG = "lm_eval_harness"
 
@@ -68,12 +74,20 @@ def compose_scaling(name: str, settings: dict) -> dict:
 def main():
     from lm_eval.__main__ import cli_evaluate
 
-    from rope_lm.probes.lm_eval_model import RopeLM  # first: without lm-eval, it says how to install it
+    from rope_lm.probes.lm_eval_model import (  # first: without lm-eval, it says how to install it
+        RopeLM,
+        lm_eval_stopped,
+    )
 
     log_to_stderr()
     with initialize(config_path="../conf", version_base="1.3", job_name=CONFIG):
         RopeLM.compose_scaling = staticmethod(compose_scaling)
-        cli_evaluate()
+        argv = sys.argv[1:]  # as given: lm-eval's command line rewrites sys.argv
+        try:
+            with signals_stop():
+                cli_evaluate()
+        except KeyboardInterrupt as e:
+            raise lm_eval_stopped(argv, e) from None
 
 
 if __name__ == "__main__":

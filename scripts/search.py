@@ -9,11 +9,16 @@ conf_name= to install it as conf/scaling/<name>.yaml), trials.json and
 trials.png (every trial's validation PPL), search.json and search.md (the
 test-split PPL of the winner, the method's defaults and plain positions,
 with 95% intervals).
+
+A stopped search (SIGTERM, Ctrl-C) says how many trials trials.json keeps and
+the command that finishes it: the same one with out=<its folder>
+existing=continue (the same model, by content, and the same settings).
 """
 
 import functools
 import logging
 import os
+import sys
 
 import hydra
 
@@ -28,7 +33,9 @@ CONF_SCALING = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__fi
 @hydra_task
 def main(cfg):
     logging.basicConfig(level=logging.INFO, format="[%(name)s] %(message)s")
-    search_checkpoint(script_settings(cfg, SearchSettings), functools.partial(group_config, "scaling"), CONF_SCALING)
+    search_checkpoint(
+        script_settings(cfg, SearchSettings), functools.partial(group_config, "scaling"), CONF_SCALING, sys.argv[1:]
+    )
 
 
 if __name__ == "__main__":

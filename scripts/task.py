@@ -5,11 +5,16 @@ the training sizes. Settings and examples: python scripts/task.py --help
 A sweep (-m, e.g. +experiment=length_generalization) ends with one table of
 accuracy inside and past the training sizes per task and scheme, also written
 to <sweep dir>/tasks.md.
+
+A stop (SIGTERM, Ctrl-C) says what is kept (nothing of the results, which
+are written together at the end) and the command that finishes the run: the
+same one with existing=continue in the same folder.
 """
 
 import atexit
 import logging
 import os
+import sys
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -43,7 +48,9 @@ def main(cfg):
         # Hydra re-raises a failed job after the last one and skips code after main(); exit handlers still run.
         _SWEEPS.add(hc.sweep.dir)
         atexit.register(summarize, hc.sweep.dir)
-    return task_in_folder(OmegaConf.to_container(cfg, resolve=True), out_dir, os.path.relpath(out_dir, hc.runtime.cwd))
+    return task_in_folder(
+        OmegaConf.to_container(cfg, resolve=True), out_dir, os.path.relpath(out_dir, hc.runtime.cwd), sys.argv[1:]
+    )
 
 
 if __name__ == "__main__":

@@ -2,16 +2,23 @@
 by side. Task runs (task_results.json) go to compare_tasks.*, retrieval runs
 (retrieval.json) to compare_retrieval.*, perplexity runs (results.json, or a
 committed compare.csv standing for them) to compare.*; a folder may hold
-several kinds."""
+several kinds.
+
+Each kind's files are written as one set (rope_lm.core.files.written_together):
+a stop (SIGTERM, Ctrl-C) leaves that set as it was before, and says so, with
+the command to run again (exit status 143 or 130).
+"""
 
 from dataclasses import dataclass, field
+import os
 
 from rope_lm.compare.ppl import compare, default_out
 from rope_lm.compare.ppl_runs import has_results
 from rope_lm.compare.ppl_wandb import log_to_wandb
 from rope_lm.compare.retrieval_compare import compare_retrieval, find_retrieval_results
 from rope_lm.compare.task_compare import compare_tasks, find_task_results
-from rope_lm.core.errors import ConfigError
+from rope_lm.core.errors import ConfigError, Interrupted
+from rope_lm.core.stops import signal_status, signals_stop
 
 
 @dataclass
@@ -30,11 +37,40 @@ class CompareSettings:
 
 
 def compare_folders(s: CompareSettings) -> dict:
-    """Every comparison the folders allow, printed and written; returns {kind: what it wrote}."""
+    """Every comparison the folders allow, printed and written; returns {kind: what it wrote}. A stop
+    raises Interrupted saying which sets were written and that the one being written is as it was."""
     paths = ([s.path] if s.path else []) + list(s.paths)
     if not paths:
         raise ConfigError("Give the runs to compare: path=<dir or results.json>, or paths=[a,b,...].")
-    written, out = {}, s.out or default_out(paths)
+    written: dict = {}
+    try:
+        with signals_stop():
+            return _compare(s, paths, written)
+    except KeyboardInterrupt as e:
+        one = len(paths) == 1 and os.path.isdir(paths[0])  # else the default folder is named by the time
+        raise Interrupted(_stopped(written, s.out or (default_out(paths) if one else None)), signal_status(e)) from None
+
+
+KINDS = {"tasks": "task comparison", "retrieval": "retrieval comparison", "ppl": "perplexity comparison"}
+
+
+def _stopped(written: dict, out: str | None) -> str:
+    done = [f"the {KINDS[k]} ({v['out_dir']})" for k, v in written.items()]
+    if not done:
+        where = out or "the output folder"
+        return (
+            f"Stopped by a signal: nothing of this comparison was written (its files are written as one set, so "
+            f"{where} is as it was before). Run the same command again."
+        )
+    return (
+        f"Stopped by a signal after writing {' and '.join(done)}: nothing of the comparison it was writing next "
+        f"was written (each is written as one set, and the files there before are as they were). Run the same "
+        f"command again."
+    )
+
+
+def _compare(s: CompareSettings, paths: list, written: dict) -> dict:
+    out = s.out or default_out(paths)
     if find_task_results(paths):  # scripts/task.py runs: accuracy vs instance size across runs
         tasks = compare_tasks(paths, out, title=s.title)
         print(open(tasks["files"]["markdown"]).read())

@@ -15,6 +15,7 @@ import tempfile
 import traceback
 
 from rope_lm.core.errors import OutputError, free_space, write_failure
+from rope_lm.core.stops import signals_deferred
 
 # The files of a written_together block waiting for their rename: [(temporary file, path)], or None.
 _STAGED: contextvars.ContextVar = contextvars.ContextVar("rope_lm_staged_files", default=None)
@@ -47,8 +48,9 @@ def written_together(folder: str, setting: str | None = None, what: str = "outpu
         raise e.reworded(kept=kept, setting=setting) from None
     finally:
         _STAGED.reset(token)
-    for tmp, path in staged:
-        os.replace(tmp, path)
+    with signals_deferred():  # a stop (SIGTERM, Ctrl-C) comes after the whole set is in place, never amid it
+        for tmp, path in staged:
+            os.replace(tmp, path)
 
 
 @contextlib.contextmanager

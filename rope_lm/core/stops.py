@@ -4,6 +4,7 @@ work, so the work can report what is on disk and how to finish before the
 process ends with the shell's status for that signal (143, 130)."""
 
 import contextlib
+import os
 import signal
 
 
@@ -13,7 +14,13 @@ class Terminated(KeyboardInterrupt):
 
 @contextlib.contextmanager
 def signals_stop():
+    owner = os.getpid()
+
     def stop(signum, frame):
+        if os.getpid() != owner:  # a forked worker (a pool's) inherited the handler: it ends as SIGTERM ends it
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
         raise Terminated
 
     try:
@@ -30,3 +37,26 @@ def signals_stop():
 def signal_status(e: KeyboardInterrupt) -> int:
     """The exit status the shell gives the signal that raised `e`."""
     return 128 + (signal.SIGTERM if isinstance(e, Terminated) else signal.SIGINT)
+
+
+@contextlib.contextmanager
+def signals_deferred():
+    """SIGTERM and Ctrl-C held back for the span of a few steps that must all happen or none (a set of
+    files renamed into place), then delivered as they would have been."""
+    caught = []
+
+    def hold(signum, frame):
+        caught.append(signum)
+
+    try:
+        previous = {s: signal.signal(s, hold) for s in (signal.SIGTERM, signal.SIGINT)}
+    except ValueError:  # not the main thread: leave signals alone
+        yield
+        return
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, signal.SIG_DFL if handler is None else handler)  # None: set outside Python
+        for s in caught[:1]:
+            signal.raise_signal(s)

@@ -163,7 +163,10 @@ def encode_to_files(
     pool = None
     try:
         if num_proc > 1:
-            ctx = mp.get_context("fork" if sys.platform.startswith("linux") else "spawn")
+            # Not fork: this process has threads by now (the tokenizer just trained on its thread pool,
+            # torch's), and a child forked while one of them held a lock (the allocator's) hangs for good.
+            # A fork server is forked from a fresh process instead, once per build.
+            ctx = mp.get_context("forkserver" if sys.platform.startswith("linux") else "spawn")
             pool = ctx.Pool(num_proc, initializer=_init_worker, initargs=(tokenizer_json, dtype.name))
         else:
             _init_worker(tokenizer_json, dtype.name)

@@ -42,6 +42,8 @@ from rope_lm.data.encode import encode_to_files
 log = logging.getLogger("rope_lm.data.loaders")  # the name users filter on; the loaders live in data.py
 CACHE_FORMAT = 1
 EOS = "<|endoftext|>"
+# A corpus below this many bytes of text is encoded by one process unless data.num_proc says otherwise.
+SMALL_CORPUS = 4 << 20
 BYTE_ALPHABET = 256
 # End-of-document tokens looked for, in this order, when data.eos_token is unset.
 EOS_CANDIDATES = (EOS, "</s>", "<|end_of_text|>", "<eos>", "<|eos|>", "[EOS]", "<|im_end|>", "<|eot_id|>")
@@ -89,9 +91,12 @@ class DataConfig:
                 f"for the text and tokens in flight (256 to 2048 are typical)."
             )
 
-    @property
-    def processes(self) -> int:
-        return self.num_proc or available_cores()
+    def processes(self, text_bytes: int) -> int:
+        """data.num_proc, or (null) every core for a corpus large enough to pay for starting workers:
+        below SMALL_CORPUS one process encodes it in about a second."""
+        if self.num_proc:
+            return self.num_proc
+        return 1 if text_bytes < SMALL_CORPUS else available_cores()
 
 
 class TokenCache:
@@ -273,7 +278,7 @@ def _build(directory: str, source: SourceConfig, plan, data: DataConfig, tok, eo
             eos_id,
             dtype,
             tmp,
-            data.processes,
+            data.processes(plan.bytes),
             data.memory_mb,
             plan.bytes,
             log,

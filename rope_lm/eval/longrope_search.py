@@ -13,6 +13,12 @@ the paper's constraints: 1 <= lambda_i <= max_scale * s and the monotone
 constraint lambda_0 <= lambda_1 <= ... (a lower frequency is never
 interpolated less than a higher one), enforced by a running maximum and
 clipping. Each distinct candidate is evaluated once.
+
+A stopped search continues exactly: the evolution's draws depend only on the
+seed, the settings and the PPLs of the candidates before them, so replaying it
+with the recorded candidates' PPLs (`done`, trials.json) meets those same
+candidates in the same order, evaluating none of them again, and goes on from
+the first one not recorded, as the uninterrupted search would have.
 """
 
 from dataclasses import dataclass
@@ -69,20 +75,42 @@ def seeds(rot_dim: int, base: float, train_len: int, target: int) -> dict[str, n
 
 
 def evolve(
-    evaluate, rot_dim: int, base: float, train_len: int, target: int, settings: Evolution, seed: int, on_candidate=None
+    evaluate,
+    rot_dim: int,
+    base: float,
+    train_len: int,
+    target: int,
+    settings: Evolution,
+    seed: int,
+    on_candidate=None,
+    done: list[dict] = (),
 ) -> list[dict]:
     """The history of the search: one record per distinct candidate (generation, origin, factors, ppl).
-    evaluate(factors list) -> PPL, or raises ConfigError (recorded as refused)."""
+    evaluate(factors list) -> PPL, or raises ConfigError (recorded as refused). `done`: the records of
+    a stopped search of the same settings and seed, replayed (not evaluated, not reported again)."""
     settings.validate()
     rng = np.random.default_rng(seed)
     s = target / train_len
     seen, history = {}, []
+    recorded = {_key(np.asarray(r["factors"], dtype=float)): r for r in done}
 
     def score(lam, generation, origin):
         lam = constrain(lam, s, settings.max_scale)
-        key = tuple(np.round(lam, 6))
+        key = _key(lam)
         if key in seen:
             return seen[key]
+        if key in recorded:  # met again by the replay of a stopped search: its record, as measured then
+            record = recorded.pop(key)
+            history.append(record)
+            seen[key] = record
+            return record
+        if recorded:  # a new candidate while recorded ones are still to be met: the replay went elsewhere
+            raise ConfigError(
+                f"The replay of the stopped search met candidate #{len(history)} ({origin}), which it had not "
+                f"recorded, before {len(recorded)} of its {len(done)} recorded candidate(s) (the evolution's draws "
+                f"differ here: another numpy?), so it cannot be continued exactly; start a new search in a new "
+                f"out= folder."
+            )
         record = {
             "number": len(history),
             "generation": generation,
@@ -122,7 +150,17 @@ def evolve(
             else:
                 p = parents[rng.integers(len(parents))]
                 score(mutate(np.asarray(p["factors"])), generation, f"mutation of #{p['number']}")
+    if recorded:
+        raise ConfigError(
+            f"The replay of the stopped search did not meet {len(recorded)} of its {len(done)} recorded "
+            f"candidate(s) again (the evolution's draws differ here: another numpy?), so it cannot be "
+            f"continued exactly; start a new search in a new out= folder."
+        )
     return history
+
+
+def _key(lam: np.ndarray) -> tuple:
+    return tuple(np.round(lam, 6))
 
 
 def ranked(history: list[dict]) -> list[dict]:

@@ -131,16 +131,24 @@ def check_method(method: str) -> None:
         raise ConfigError(f"method={method!r} cannot be searched; searchable methods are {', '.join(SEARCHES)}.")
 
 
-def optuna_search(method: str, obj: Objective, trials: int, seed: int, on_trial=None) -> list[dict]:
+def optuna_search(
+    method: str, obj: Objective, trials: int, seed: int, on_trial=None, done: list[dict] = ()
+) -> list[dict]:
     """Runs `trials` TPE trials (the defaults first); returns the history,
-    one record per trial: number, params, options, ppl (None where refused)."""
+    one record per trial: number, params, distributions, options, ppl (None
+    where refused). `done`: the records of a stopped search of the same
+    settings (its trials.json), added to the study as it recorded them (a
+    refused or non-finite trial as pruned) before the trials left are run:
+    the sampler reads them as it read them then."""
     import optuna
 
     space = SEARCHES[method]
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    # ERROR: a stop (SIGTERM, Ctrl-C) mid-trial would be logged as a failed trial with its traceback.
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
     study = optuna.create_study(direction="minimize", sampler=optuna.samplers.TPESampler(seed=seed))
-    study.enqueue_trial(space.defaults(obj), user_attrs={"origin": "defaults"})
-    history = []
+    history = [recorded_trial(study, r) for r in done]
+    if not history:
+        study.enqueue_trial(space.defaults(obj), user_attrs={"origin": "defaults"})
 
     def run(trial):
         options = space.suggest(trial, obj)
@@ -148,24 +156,55 @@ def optuna_search(method: str, obj: Objective, trials: int, seed: int, on_trial=
             "number": trial.number,
             "origin": trial.user_attrs.get("origin", "tpe"),
             "params": dict(trial.params),
+            "distributions": {k: optuna.distributions.distribution_to_json(d) for k, d in trial.distributions.items()},
             "options": options,
             "ppl": None,
         }
-        history.append(record)
+        # A stop mid-trial (SIGTERM, Ctrl-C) records nothing of it: only a trial measured or refused is kept.
         try:
             record["ppl"] = obj(options)
         except ConfigError as e:  # settings the model refuses at the target: recorded, never chosen
             record["refused"] = str(e)
-            raise optuna.TrialPruned(str(e)) from None
-        finally:
+            history.append(record)
             if on_trial:
                 on_trial(record)
+            raise optuna.TrialPruned(str(e)) from None
+        history.append(record)
+        if on_trial:
+            on_trial(record)
         if not math.isfinite(record["ppl"]):
             raise optuna.TrialPruned("non-finite perplexity")
         return record["ppl"]
 
-    study.optimize(run, n_trials=trials)
+    left = trials - len(history)
+    if left > 0:
+        study.optimize(run, n_trials=left)
     return history
+
+
+def recorded_trial(study, record: dict) -> dict:
+    """A trial of trials.json added to `study` as it ended: complete with its PPL, or pruned (refused,
+    or a non-finite PPL, which JSON keeps as null)."""
+    import optuna
+
+    if "distributions" not in record:
+        raise ConfigError(
+            f"Trial {record.get('number')} of the stopped search records no distributions (a trials.json from "
+            f"before searches could be continued), so Optuna cannot be given it; start a new search in a new out= "
+            f"folder."
+        )
+    ppl = record.get("ppl")
+    scored = ppl is not None and math.isfinite(ppl)
+    study.add_trial(
+        optuna.trial.create_trial(
+            params=record["params"],
+            distributions={k: optuna.distributions.json_to_distribution(d) for k, d in record["distributions"].items()},
+            value=ppl if scored else None,
+            state=optuna.trial.TrialState.COMPLETE if scored else optuna.trial.TrialState.PRUNED,
+            user_attrs={"origin": record.get("origin", "tpe")},
+        )
+    )
+    return record
 
 
 def best_of(history: list[dict]) -> dict:

@@ -289,16 +289,16 @@ class RopeLM(LM):
             streams.append(torch.tensor(self._prefix() + ids, dtype=torch.long))
             windows += [(r, s, min(W, len(ids) - s)) for s in range(0, len(ids), W)]
         totals = [0.0] * len(requests)
-        bar = tqdm(total=len(windows), desc="rope-lm loglikelihood_rolling", unit="window", disable=disable_tqdm)
-        for batch in self._batches(windows, lambda w: w[2]):
-            width = windows[batch[0]][2]
-            x = torch.stack([streams[r][s : s + width] for r, s, _ in (windows[i] for i in batch)])
-            y = torch.stack([streams[r][s + 1 : s + width + 1] for r, s, _ in (windows[i] for i in batch)])
-            losses = token_losses(self.model, x, y, len(batch) * width).double().sum(1)
-            for i, loss in zip(batch, losses.tolist()):
-                totals[windows[i][0]] -= loss
-            bar.update(len(batch))
-        bar.close()
+        # closed on a stop too, so that its line comes before the stop's message, not after it
+        with tqdm(total=len(windows), desc="rope-lm loglikelihood_rolling", unit="window", disable=disable_tqdm) as bar:
+            for batch in self._batches(windows, lambda w: w[2]):
+                width = windows[batch[0]][2]
+                x = torch.stack([streams[r][s : s + width] for r, s, _ in (windows[i] for i in batch)])
+                y = torch.stack([streams[r][s + 1 : s + width + 1] for r, s, _ in (windows[i] for i in batch)])
+                losses = token_losses(self.model, x, y, len(batch) * width).double().sum(1)
+                for i, loss in zip(batch, losses.tolist()):
+                    totals[windows[i][0]] -= loss
+                bar.update(len(batch))
         for req, total in zip(requests, totals):
             self.cache_hook.add_partial("loglikelihood_rolling", req.args, total)
         return totals
@@ -384,3 +384,65 @@ def _whole(value, setting: str, what: str, least: int = 1) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < least:
         raise ConfigError(f"{setting}={value!r} must be a whole number of at least {least}: {what}.")
     return value
+
+
+# --- a stop -----------------------------------------------------------------------
+
+
+def _option(argv: list[str], *names: str, bare: str | None = None) -> str | None:
+    """The value of an lm-eval command-line option (`--name value` or `--name=value`); `bare`: the
+    value of a flag given without one (nargs="?"); None where it is not given."""
+    found = None
+    for i, arg in enumerate(argv):
+        for name in names:
+            if arg == name:
+                following = argv[i + 1] if i + 1 < len(argv) else None
+                found = following if following is not None and not following.startswith("-") else bare
+            elif arg.startswith(name + "="):
+                found = arg[len(name) + 1 :]
+    return found
+
+
+def lm_eval_stopped(argv: list[str], error: KeyboardInterrupt):
+    """scripts/lm_eval_harness.py stopped by SIGTERM or Ctrl-C: lm-eval runs its own loop and writes
+    its results (--output_path) only once every task is scored, so what is kept is only what its
+    caches hold; the message names them and the command to run again."""
+    import os
+    import shlex
+
+    from rope_lm.core.errors import Interrupted
+    from rope_lm.core.stops import signal_status
+
+    command = "python scripts/lm_eval_harness.py " + shlex.join(argv)
+    use_cache = _option(argv, "--use_cache", "-c")
+    requests = _option(argv, "--cache_requests", bare="true")
+    kept = []
+    if use_cache:
+        db = f"{use_cache}_rank{os.environ.get('LOCAL_RANK', '0')}.db"
+        kept.append(
+            f"the model's answers recorded before the stop are kept in lm-eval's response cache {db} (--use_cache: "
+            f"rope-lm's model records its loglikelihood and loglikelihood_rolling answers once all of that kind "
+            f"are scored, its generate_until answers batch by batch), which the same command reads again, "
+            f"scoring only the rest"
+        )
+    if requests in ("true", "refresh"):
+        from lm_eval.caching.cache import PATH
+
+        kept.append(
+            f"the prompts lm-eval built are kept in its request cache {PATH} (--cache_requests), the model's "
+            f"answers not"
+        )
+    if kept:
+        said = "; ".join(kept)
+        message = (
+            f"Stopped by a signal: lm-eval runs its own loop and writes its results only once every task is scored, "
+            f"so none were written; {said}. Run the same command again: {command}"
+        )
+    else:
+        message = (
+            f"Stopped by a signal: lm-eval runs its own loop and keeps no partial results (its results, and "
+            f"--output_path's files, are written only once every task is scored), so nothing of this evaluation "
+            f"was kept. Run the same command again: {command} (with --use_cache <path>, a run stopped part-way "
+            f"keeps the model's answers scored so far, and the next one reads them)"
+        )
+    return Interrupted(message, signal_status(error))

@@ -6,15 +6,30 @@ intervals. The spaces and the searches are rope_lm/eval/search.py's.
 
 Writes to out= (default: a new <run dir>/search/<method>_x<ratio>):
 best.yaml, trials.json and trials.png, search.json and search.md.
+
+A stopped search continues. search.json is written first, with status
+"searching", the model by content (its weights' checksum and training step)
+and the settings the trials depend on; trials.json after every trial. A stop
+(SIGTERM, Ctrl-C) says how many trials are kept and the command that finishes
+the search: the same one with out=<its folder> existing=continue, which goes
+on only with the same model (any path to the same weights is accepted) and
+the same settings, both values named otherwise. Optuna's study is given the
+recorded trials (a refused one as pruned) and runs the trials left;
+LongRoPE's evolution is replayed with the recorded candidates' PPLs, which
+meets them again in the same order without evaluating them, and goes on as
+the uninterrupted search would have.
 """
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+import json
 import logging
 import os
+import shlex
 import time
 
-from rope_lm.core.errors import ConfigError
+from rope_lm.core.errors import ConfigError, Interrupted
+from rope_lm.core.stops import signal_status, signals_stop
 
 log = logging.getLogger("rope_lm")
 
@@ -39,14 +54,20 @@ class SearchSettings:
     device: str = "auto"
     out: str | None = None
     conf_name: str | None = None
+    existing: str = "refuse"
 
 
-def search_checkpoint(s: SearchSettings, scaling_options: Callable[[str], dict], conf_scaling: str) -> dict:
+SEARCHING, COMPLETE = "searching", "complete"
+
+
+def search_checkpoint(
+    s: SearchSettings, scaling_options: Callable[[str], dict], conf_scaling: str, command: list[str] | None = None
+) -> dict:
     """Search s.method's settings for the model at s.ckpt (or s.hf) and write
     the folder; returns search.json's summary. `scaling_options(name)`: a
     method's settings as its conf/scaling file gives them; `conf_scaling`:
-    the folder a conf_name= copy of best.yaml goes into."""
-    from rope_lm.core.files import from_here
+    the folder a conf_name= copy of best.yaml goes into; `command`: the
+    command line's arguments, which a stop's finishing command repeats."""
     from rope_lm.core.typed import typed_dataclass
     from rope_lm.eval import search as S
     from rope_lm.eval.longrope_search import Evolution
@@ -63,6 +84,13 @@ def search_checkpoint(s: SearchSettings, scaling_options: Callable[[str], dict],
         raise ConfigError(
             "Give one model: ckpt= (a .ckpt file or a run directory) or hf= (a transformers model folder or hub name)."
         )
+    if s.existing not in ("refuse", "continue"):
+        raise ConfigError(
+            f"existing={s.existing!r} is not an option; use refuse (an out= folder holding files is refused) or "
+            f"continue (go on with the trials a stopped search of the same model and settings kept in out=; needs out=)."
+        )
+    if s.existing == "continue" and not s.out:
+        raise ConfigError("existing=continue goes on in the out= folder of a stopped search: give that folder as out=.")
     installed = None
     if s.conf_name:
         installed = os.path.join(conf_scaling, f"{s.conf_name}.yaml")
@@ -71,6 +99,7 @@ def search_checkpoint(s: SearchSettings, scaling_options: Callable[[str], dict],
                 f"conf_name={s.conf_name!r}: {installed} exists already and is never overwritten; choose another name."
             )
     reference = scaling_options(S.reference_of(method))
+    earlier = _earlier_search(s.out) if s.existing == "continue" else None
     trained = open_model(f"hf:{s.hf}" if s.hf else s.ckpt, s.device)
     model, train_len = trained.model, trained.train_len
     target = s.target or int(round(s.multiplier * train_len))
@@ -81,21 +110,45 @@ def search_checkpoint(s: SearchSettings, scaling_options: Callable[[str], dict],
         )
     model.set_scaling(reference)  # a method the scheme does not take is refused here, before any work
     model.validate_length(target)
-    out = _output_dir(s.out, trained.path, method, target / train_len)
+    head = _head(s, trained, method, target, evolution)
+    if earlier is not None:
+        _check_same_search(earlier, head, s.out)
+        if earlier.get("status") == COMPLETE:
+            print(f"rope-lm: out={s.out} holds a complete search (search.json); nothing to continue.")
+            return earlier
+    out = s.out if earlier is not None else _output_dir(s.out, trained.path, method, target / train_len)
+    trials_json = os.path.join(out, "trials.json")
+    done = _recorded_trials(trials_json) if earlier is not None else []
+    if earlier is not None:
+        log.info("Continuing the search in %s: %d trial(s) kept", out, len(done))
+    expected = evolution.population * (evolution.generations + 1) if method == "longrope" else s.trials
+    progress = {"done": list(done), "searched": False}
+    try:
+        with signals_stop():
+            return _search(
+                s, scaling_options, trained, method, target, evolution, reference, installed, head, out, done, progress
+            )
+    except KeyboardInterrupt as e:
+        raise _stopped(e, s, method, out, progress, expected, command) from None
 
+
+def _search(s, scaling_options, trained, method, target, evolution, reference, installed, head, out, done, progress):
+    from rope_lm.core.files import atomic_write, from_here
+    from rope_lm.eval import search as S
+    from rope_lm.eval.evaluation import evaluate_lengths
+    from rope_lm.probes.diagnostics import save_json
     from rope_lm.runs.trained import checkpoint_token_cache
 
+    model, train_len = trained.model, trained.train_len
+    save_json(os.path.join(out, "search.json"), head)  # first: what a continue checks
     cache, _ = checkpoint_token_cache(trained.lit, s.data, out)
     obj = S.objective(model, cache.tokens("valid"), target, s.val_tokens, s.batch_tokens)
     started = time.perf_counter()
-    history = _run(method, obj, s, evolution, os.path.join(out, "trials.json"))
+    history = _run(method, obj, s, evolution, os.path.join(out, "trials.json"), done, progress["done"])
+    progress["searched"] = True
     best = S.best_of(history)
     seconds = time.perf_counter() - started
     chosen = _options(scaling_options(method), method, best, obj)
-
-    from rope_lm.core.files import atomic_write
-    from rope_lm.eval.evaluation import evaluate_lengths
-    from rope_lm.probes.diagnostics import save_json
 
     final = S.final_config(obj.eval_cfg, s.test_tokens, s.bootstrap, s.seed)
     rows, units = {}, {}
@@ -134,6 +187,9 @@ def search_checkpoint(s: SearchSettings, scaling_options: Callable[[str], dict],
         "paired": paired,
         "settings": {k: getattr(s, k) for k in ("trials", "longrope", "val_tokens", "test_tokens", "bootstrap")},
         "installed": installed,
+        "status": COMPLETE,
+        "model": head["model"],
+        "compared": head["compared"],
     }
     save_json(os.path.join(out, "search.json"), summary)
     table = search_table(summary)
@@ -146,20 +202,136 @@ def search_checkpoint(s: SearchSettings, scaling_options: Callable[[str], dict],
     return summary
 
 
-def _run(method, obj, s: SearchSettings, evolution, trials_json):
+def compared_settings(s: SearchSettings, method: str, target: int, evolution) -> dict:
+    """What the trials' PPLs depend on, the model aside (checked by content): a continue needs the same."""
+    out = {
+        "method": method,
+        "target": target,
+        "seed": s.seed,
+        "val_tokens": s.val_tokens,
+        "batch_tokens": s.batch_tokens,
+        "test_tokens": s.test_tokens,
+        "bootstrap": s.bootstrap,
+        # where the token cache lives changes no token
+        "data": {k: v for k, v in s.data.items() if k != "cache_dir"} or None if s.data else None,
+    }
+    if method == "longrope":
+        out["longrope"] = asdict(evolution)
+    else:
+        out["trials"] = s.trials
+    return out
+
+
+def _head(s: SearchSettings, trained, method: str, target: int, evolution) -> dict:
+    from rope_lm.core.files import from_here
+
+    return {
+        "status": SEARCHING,
+        "checkpoint": from_here(trained.path),  # shown, never compared: the model is checked by content
+        "model": trained.identity,
+        "method": method,
+        "target": target,
+        "train_len": trained.train_len,
+        "compared": json.loads(json.dumps(compared_settings(s, method, target, evolution), default=str)),
+    }
+
+
+def _earlier_search(out: str) -> dict | None:
+    """The head (or summary) of the search in out=, None where out= is empty or missing (a continue there
+    starts the search); a folder holding other files is refused."""
+    path = os.path.join(out, "search.json")
+    if not os.path.exists(path):
+        if os.path.isdir(out) and os.listdir(out):
+            raise ConfigError(
+                f"existing=continue: out={out} holds files but no search.json, so it holds no search this one "
+                f"could continue (a search from before searches could be continued, or another kind of output); "
+                f"give a new out= folder."
+            )
+        return None
+    with open(path) as f:
+        earlier = json.load(f)
+    if "model" not in earlier or "compared" not in earlier:
+        raise ConfigError(
+            f"existing=continue: {path} records neither the model nor the settings of its search (a search from "
+            f"before searches could be continued), so it cannot be continued; give a new out= folder."
+        )
+    return earlier
+
+
+def _check_same_search(earlier: dict, head: dict, out: str) -> None:
+    """A continued search reads the same model (by its weights and step: any path to them is accepted)
+    under the same settings; what differs is named with both values."""
+    before, now = earlier["model"], head["model"]
+    if before != now:
+        raise ConfigError(
+            f"existing=continue: out={out} holds a search of another model: weights {before.get('weights')} at step "
+            f"{before.get('step')} (ckpt {earlier.get('checkpoint')}), where this one has weights {now.get('weights')} "
+            f"at step {now.get('step')} (ckpt {head.get('checkpoint')}). Continue with the checkpoint that search "
+            f"read, or give a new out= folder."
+        )
+    a, b = earlier["compared"], head["compared"]
+    differ = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
+    if differ:
+        shown = "; ".join(f"{k}: {a.get(k)!r} before, {b.get(k)!r} now" for k in differ)
+        raise ConfigError(
+            f"existing=continue: out={out} holds a search with other settings ({shown}), so it is not continued "
+            f"with these. Run the command that started it with out={out} existing=continue, or give a new out= folder."
+        )
+
+
+def _recorded_trials(path: str) -> list[dict]:
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return json.load(f)
+
+
+def finish_command(command: list[str] | None, s: SearchSettings, out: str) -> str:
+    """The command that finishes a stopped search: the same arguments, out= its folder, existing=continue."""
+    if command is None:
+        command = [f"ckpt={s.ckpt}" if s.ckpt else f"hf={s.hf}", f"method={s.method}"]
+    kept = [a for a in command if not a.lstrip("+~").startswith(("out=", "existing="))]
+    return "python scripts/search.py " + shlex.join([*kept, f"out={out}", "existing=continue"])
+
+
+def _stopped(e, s: SearchSettings, method: str, out: str, progress: dict, expected: int, command) -> Interrupted:
+    # What is on disk, not in memory: a stop between a trial's measurement and its save keeps one fewer.
+    try:
+        with open(os.path.join(out, "trials.json")) as f:
+            done = json.load(f)
+    except (OSError, ValueError):
+        done = []
+    what = "candidates" if method == "longrope" else "trials"
+    scored = [r for r in done if r.get("ppl") is not None]
+    best = min(scored, key=lambda r: r["ppl"]) if scored else None
+    so_far = f"best so far: validation PPL {best['ppl']:.4f} at trial #{best['number']}" if best else "none scored yet"
+    of = f"at most {expected}" if method == "longrope" else f"{expected}"
+    if progress["searched"]:
+        state = (
+            f"all {len(done)} {what} of the search are kept in {os.path.join(out, 'trials.json')} ({so_far}); "
+            f"the test-split scoring of the winner was not finished, and search.json still says searching."
+        )
+    else:
+        state = f"{len(done)} of {of} {what} kept in {os.path.join(out, 'trials.json')} ({so_far})."
+    return Interrupted(
+        f"Stopped by a signal: {state} Finish it with: {finish_command(command, s, out)}", signal_status(e)
+    )
+
+
+def _run(method, obj, s: SearchSettings, evolution, trials_json, done: list, kept: list):
+    """The trials left after `done` (a continued search's), each appended to `kept` and trials.json
+    as soon as it is measured."""
     from rope_lm.eval import search as S
     from rope_lm.probes.diagnostics import save_json
-
-    done = []
 
     def report(r):
         shown = f"{r['ppl']:.3f}" if r["ppl"] is not None else "refused"
         log.info("trial %d (%s): validation ppl@%d = %s", r["number"], r.get("origin", ""), obj.target, shown)
-        done.append(r)
-        save_json(trials_json, done)  # after every trial: a stopped search keeps what it measured
+        kept.append(r)
+        save_json(trials_json, kept)  # after every trial: a stopped search keeps what it measured
 
     if method != "longrope":
-        return S.optuna_search(method, obj, s.trials, s.seed, report)
+        return S.optuna_search(method, obj, s.trials, s.seed, report, done=done)
     from rope_lm.eval.longrope_search import evolve
 
     spec = obj.model.pos_scheme.rotary
@@ -167,7 +339,7 @@ def _run(method, obj, s: SearchSettings, evolution, trials_json):
     def evaluate(factors):
         return obj({"name": "longrope", "factor": obj.ratio, "long_factor": factors})
 
-    return evolve(evaluate, spec.rot_dim, spec.base, obj.train_len, obj.target, evolution, s.seed, report)
+    return evolve(evaluate, spec.rot_dim, spec.base, obj.train_len, obj.target, evolution, s.seed, report, done=done)
 
 
 def _options(base: dict, method, best, obj) -> dict:
@@ -188,9 +360,11 @@ def _output_dir(out, path, method, ratio) -> str:
 
     if out:
         if os.path.isdir(out) and os.listdir(out):
+            stopped = os.path.exists(os.path.join(out, "search.json"))
             raise ConfigError(
                 f"out={out} holds files already, which a search never overwrites; give a new folder "
-                f"(or leave out= unset for a fresh one)."
+                f"(or leave out= unset for a fresh one)"
+                + (", or add existing=continue to finish the search it holds." if stopped else ".")
             )
         os.makedirs(out, exist_ok=True)
         return out

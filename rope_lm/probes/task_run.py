@@ -13,6 +13,12 @@ instances. Test instances that also occur in the training set are redrawn
 (a few tries; the count left is reported: at tiny sizes the space is too
 small to avoid them).
 
+A stop (SIGTERM, Ctrl-C) says where it was and what is kept: nothing of the
+results (model.pt, task_results.json/.md and the plot are written together
+at the end, so a stop leaves none of them), only the folder's record of its
+settings; the same command with existing=continue (and hydra.run.dir= that
+folder) starts the run over there, a task run being short.
+
 Score: exact match of the answer and its <eos> under teacher forcing. For a
 causal model this is the same verdict as greedy decoding: greedy reproduces
 the answer exactly iff the argmax is right at every answer position, and the
@@ -25,6 +31,7 @@ import logging
 import math
 import os
 import random
+import shlex
 import time
 import typing
 
@@ -32,8 +39,9 @@ import torch
 import torch.nn.functional as F
 
 from rope_lm.core.devices import resolve_device
-from rope_lm.core.errors import ConfigError
+from rope_lm.core.errors import ConfigError, Interrupted
 from rope_lm.core.files import atomic_write, replaced_atomically, save_figure, write_json, written_together
+from rope_lm.core.stops import signal_status, signals_stop
 from rope_lm.core.tables import markdown_table
 from rope_lm.core.typed import dataclass_annotations, typed, typed_component, typed_dataclass
 from rope_lm.eval import bootstrap
@@ -42,7 +50,7 @@ from rope_lm.model.layout import scheme_label
 from rope_lm.model.transformer import ModelConfig, build_model, check_fit
 from rope_lm.positional import SCHEMES
 from rope_lm.runs.config import DERIVED_MODEL_KEYS, EXISTING
-from rope_lm.runs.run_folder import RunFolder, Status
+from rope_lm.runs.run_folder import RUN_CONFIG, RunFolder, Status
 from rope_lm.runs.run_settings import TASK_BOOKKEEPING
 from rope_lm.scaling import METHODS
 from rope_lm.tasks.synthetic import SYNTHETIC_TASKS, build_task
@@ -270,7 +278,9 @@ def _device(name: str) -> str:
     return resolve_device(name)
 
 
-def train_model(run: TaskRun, task, vocab, train_set, device, logger=None) -> tuple[torch.nn.Module, dict]:
+def train_model(
+    run: TaskRun, task, vocab, train_set, device, logger=None, progress: dict | None = None
+) -> tuple[torch.nn.Module, dict]:
     torch.manual_seed(run.seed)
     model = build_model(run.model, run.pos, run.scaling, len(vocab), task.max_tokens(run.sizes.train_max)).to(device)
     opt, sched = build_optimizer(model, run.optim, run.train.steps)
@@ -293,6 +303,8 @@ def train_model(run: TaskRun, task, vocab, train_set, device, logger=None) -> tu
         opt.step()
         sched.step()
         losses.append(loss.item())
+        if progress is not None:
+            progress["step"] = step + 1
         if (step + 1) % run.train.log_every == 0 or step + 1 == run.train.steps:
             recent = sum(losses[-run.train.log_every :]) / len(losses[-run.train.log_every :])
             log.info("step %d/%d: answer loss %.4f", step + 1, run.train.steps, recent)
@@ -307,11 +319,15 @@ def train_model(run: TaskRun, task, vocab, train_set, device, logger=None) -> tu
 
 
 @torch.no_grad()
-def evaluate_sizes(model, task, vocab, tests: dict[int, list], batch_size: int, device) -> dict[int, dict]:
+def evaluate_sizes(
+    model, task, vocab, tests: dict[int, list], batch_size: int, device, progress: dict | None = None
+) -> dict[int, dict]:
     """size -> {correct: [bool], token_accuracy: [float], predictions: [[symbol]]}."""
     model.eval()
     out = {}
     for size, instances in tests.items():
+        if progress is not None:
+            progress["sizes"] = len(out)
         correct, token_acc, preds = [], [], []
         for s in range(0, len(instances), batch_size):
             chunk = instances[s : s + batch_size]
@@ -412,8 +428,10 @@ def claim(run: TaskRun, out_dir: str):
     return folder, folder.claim(run.raw, run.existing, what="task")
 
 
-def run_task(run: TaskRun, out_dir: str, logger=None) -> dict:
-    """Train, test, write task_results.json/.md/.png (and model.pt) to out_dir."""
+def run_task(run: TaskRun, out_dir: str, logger=None, progress: dict | None = None) -> dict:
+    """Train, test, write task_results.json/.md/.png (and model.pt) to out_dir. `progress`, when
+    given, is kept up to date (phase, step, sizes scored) for a stop to say where it was."""
+    progress = {} if progress is None else progress
     from rope_lm.scaling import method_label
 
     device = _device(run.device)
@@ -422,6 +440,7 @@ def run_task(run: TaskRun, out_dir: str, logger=None) -> dict:
     task = build_task(run.task)
     vocab = task.vocabulary()
     t0 = time.perf_counter()
+    progress["phase"] = "drawing the data"
     train_set = training_set(task, run.sizes, run.train.examples, run.seed)
     seen = {_key(i) for i in train_set}
     tests, overlaps = {}, {}
@@ -429,9 +448,12 @@ def run_task(run: TaskRun, out_dir: str, logger=None) -> dict:
         tests[size], overlaps[size] = test_set(task, size, run.eval.samples, run.seed, seen)
     if logger is not None:
         logger.log_hyperparams(run.raw)
-    model, trained = train_model(run, task, vocab, train_set, device, logger)
+    progress.update(phase="training", step=0)
+    model, trained = train_model(run, task, vocab, train_set, device, logger, progress)
     t1 = time.perf_counter()
-    scored = evaluate_sizes(model, task, vocab, tests, run.eval.batch_size, device)
+    progress.update(phase="scoring", sizes=0, of=len(tests))
+    scored = evaluate_sizes(model, task, vocab, tests, run.eval.batch_size, device, progress)
+    progress["phase"] = "writing the results"
     results = {
         "kind": "task",
         "task": task.name,
@@ -568,32 +590,74 @@ def log_metrics(logger, results: dict, out_dir: str):
         )
 
 
-def task_in_folder(config: dict, out_dir: str, where: str) -> dict:
+def task_in_folder(config: dict, out_dir: str, where: str, command: list[str] | None = None) -> dict:
     """scripts/task.py's work for one job: the settings checked (the scheme at the longest test
     size too) before any work, the folder claimed (two shells or machines sharing a study train
-    each run once), the task trained and scored, the table printed."""
+    each run once), the task trained and scored, the table printed. A stop (SIGTERM, Ctrl-C)
+    raises Interrupted saying what is kept and, from `command` (the command line's arguments,
+    a sweep's with -m), the command that finishes it."""
     from rope_lm.runs.run_folder import Skip, check_writable, describe
     from rope_lm.train.loggers import build_logger, finish
 
     run = resolve_task_run(config)
     check_writable(out_dir)
-    folder, start = claim(run, out_dir)
-    if isinstance(start, Skip):
-        print(f"rope-lm: {where}: {describe(start)} (existing=continue).")
-        return {"skipped": start.reason}
+    progress: dict = {"phase": "claiming its folder"}
     try:
-        logger = build_logger(run.logger, out_dir, run.run_name or where, config={**config, "data": {}})
-        try:
-            results = run_task(run, out_dir, logger)
-        finally:
-            if logger is not None and hasattr(logger, "save"):
+        with signals_stop():
+            folder, start = claim(run, out_dir)
+            if isinstance(start, Skip):
+                print(f"rope-lm: {where}: {describe(start)} (existing=continue).")
+                return {"skipped": start.reason}
+            try:
+                logger = build_logger(run.logger, out_dir, run.run_name or where, config={**config, "data": {}})
                 try:
-                    logger.save()
-                except OSError as e:  # a full disk: the metrics log is a side record, and must not hide the error
-                    log.warning("Could not write the run's metrics log in %s (%s).", out_dir, e.strerror or e)
-            finish(logger)
-    finally:
-        folder.release()
+                    results = run_task(run, out_dir, logger, progress)
+                finally:
+                    if logger is not None and hasattr(logger, "save"):
+                        try:
+                            logger.save()
+                        except (
+                            OSError
+                        ) as e:  # a full disk: the metrics log is a side record, and must not hide the error
+                            log.warning("Could not write the run's metrics log in %s (%s).", out_dir, e.strerror or e)
+                    finish(logger)
+            finally:
+                folder.release()
+    except KeyboardInterrupt as e:
+        raise Interrupted(stopped_task(run, out_dir, progress, command), signal_status(e)) from None
     print("\n" + markdown(results))
     print(f"Task results: {out_dir}/ (task_results.json, task_results.md, accuracy_vs_length.png, model.pt)")
     return results
+
+
+def finish_command(out_dir: str, command: list[str] | None) -> str:
+    """The same command with existing=continue, in the same folder (a sweep: the same sweep folder, whose
+    complete runs are skipped)."""
+    args = [a for a in (command or []) if not a.lstrip("+~").startswith(("existing=", "hydra.run.dir="))]
+    if any(a in ("-m", "--multirun") for a in args):
+        sweep = os.path.dirname(os.path.abspath(out_dir))
+        args = [a for a in args if not a.lstrip("+~").startswith("hydra.sweep.dir=")] + [f"hydra.sweep.dir={sweep}"]
+    else:
+        args.append(f"hydra.run.dir={out_dir}")
+    return "python scripts/task.py " + shlex.join([*args, "existing=continue"])
+
+
+def stopped_task(run: TaskRun, out_dir: str, progress: dict, command: list[str] | None) -> str:
+    phase = progress.get("phase", "claiming its folder")
+    if phase == "training":
+        at = f"while training (step {progress.get('step', 0)} of {run.train.steps})"
+    elif phase == "scoring":
+        at = f"while scoring the test sizes ({progress.get('sizes', 0)} of {progress.get('of', '?')} sizes scored)"
+    else:
+        at = f"while {phase}"
+    if phase == "claiming its folder":
+        return f"Stopped by a signal {at}: nothing was written. Run it with: {finish_command(out_dir, command)}"
+    kept = (
+        f"nothing of the task run's results was written ({MODEL_FILE}, {TASK_JSON}, {TASK_MD} and {TASK_PNG} are "
+        f"written together once the sizes are scored; the model and the scores so far are not kept), and "
+        f"{out_dir} holds only the record of its settings ({RUN_CONFIG})"
+    )
+    return (
+        f"Stopped by a signal {at}: {kept}. The run starts over there, training included (a task run is short); "
+        f"finish it with: {finish_command(out_dir, command)}"
+    )
