@@ -106,3 +106,24 @@ def test_the_models_checksum_is_neither_a_setting_nor_a_row_name():
     a = flat_settings({"seed": 0, "model_identity": {"weights": "aa", "step": 3}, "pos": {"name": "rope"}})
     b = flat_settings({"seed": 1, "model_identity": {"weights": "bb", "step": 3}, "pos": {"name": "rope"}})
     assert a == b and differing_keys([a, b]) == []
+
+
+def test_a_diagnostic_records_the_weights_it_read_and_their_step(tmp_path):
+    out = tmp_path / "passkey"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            os.path.join(ROOT, "scripts", "passkey.py"),
+            f"ckpt={FIXTURE}",
+            "lengths=[128]",
+            "depths=[0.5]",
+            "samples=1",
+            f"out={out}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    with open(out / "passkey.json") as f:
+        assert json.load(f)["model"]["step"] == 3

@@ -83,6 +83,7 @@ def passkey(s: PasskeySettings) -> dict:
     method = getattr(model.scaling, "label", model.scaling.name)
     result.update(
         checkpoint=from_here(trained.path),
+        model=trained.identity,  # the weights read and their training step (a model still training says so)
         source=trained.source,
         scheme=trained.scheme,
         method=method,
@@ -151,6 +152,7 @@ def attention_entropy(s: AttentionEntropySettings) -> dict:
     method = getattr(model.scaling, "label", model.scaling.name)
     result.update(
         checkpoint=from_here(trained.path),
+        model=trained.identity,  # the weights read and their training step (a model still training says so)
         source=trained.source,
         scheme=trained.scheme,
         method=method,

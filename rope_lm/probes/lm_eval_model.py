@@ -180,6 +180,7 @@ class RopeLM(LM):
         return {
             "rope_lm": {
                 "checkpoint": self.trained.path,
+                "step": self.trained.step,  # the training step of the weights read (None for an imported model)
                 "scheme": self.model.pos_scheme.name,
                 "method": self.method,
                 "scaling": self.scaling,
