@@ -277,3 +277,39 @@ def test_streaming_llm_decodes_from_any_prompt_length(scheme, sink_positions, pl
         full = m(idx)
         cached = read_in_pieces(m, idx, KVCache(planned_len=T if planned else None), SHORT_PROMPT)
     torch.testing.assert_close(cached, full, atol=2e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize(
+    "layout",
+    [
+        pytest.param(
+            "local_global",
+            marks=pytest.mark.xfail(
+                strict=True,
+                reason="open (issue 50): a layer with its own window that the method also acts on, read through "
+                "the cache from a short prompt, differs from the full forward from that window's width on",
+            ),
+        ),
+        "gemma3",
+    ],
+)
+def test_streaming_llm_under_a_layout_decodes_from_a_short_prompt(layout):
+    """The layouts with windowed local layers, under StreamingLLM, from a 2-token prompt: equal to the full forward."""
+    with open(f"{ROOT}/conf/layout/{layout}.yaml") as f:
+        spec = yaml.safe_load(f)
+    for entry in spec.get("pattern") or spec.get("layers") or []:
+        if isinstance(entry, dict) and entry.get("window"):
+            entry["window"] = 6  # local windows the 40 tokens cross
+    cfg = config(n_layer=len(spec.get("pattern") or spec.get("layers")), layout=spec)
+    options = streaming_llm()
+    try:
+        check_fit(cfg, pos_options("rope"), options, T)
+    except ConfigError as e:
+        pytest.skip(f"{layout} does not take StreamingLLM: {e}")
+    torch.manual_seed(0)
+    m = TransformerLM(cfg, pos_options("rope"), options).eval()
+    idx = tokens(T)
+    with torch.no_grad():
+        full = m(idx)
+        cached = read_in_pieces(m, idx, KVCache(planned_len=T), SHORT_PROMPT)
+    torch.testing.assert_close(cached, full, atol=2e-5, rtol=1e-4)
