@@ -279,20 +279,7 @@ def test_streaming_llm_decodes_from_any_prompt_length(scheme, sink_positions, pl
     torch.testing.assert_close(cached, full, atol=2e-5, rtol=1e-4)
 
 
-@pytest.mark.parametrize(
-    "layout",
-    [
-        pytest.param(
-            "local_global",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="open (issue 50): a layer with its own window that the method also acts on, read through "
-                "the cache from a short prompt, differs from the full forward from that window's width on",
-            ),
-        ),
-        "gemma3",
-    ],
-)
+@pytest.mark.parametrize("layout", ["local_global", "gemma3"])
 def test_streaming_llm_under_a_layout_decodes_from_a_short_prompt(layout):
     """The layouts with windowed local layers, under StreamingLLM, from a 2-token prompt: equal to the full forward."""
     with open(f"{ROOT}/conf/layout/{layout}.yaml") as f:

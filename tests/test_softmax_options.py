@@ -156,8 +156,11 @@ def test_window_method_sinks_and_their_label():
     c = PosContext(seq_len=40, train_len=L, scaling=m)
     plan = m.attention_plan(torch.arange(40), c)
     assert (plan.window, plan.sink_tokens) == (8, 4)
-    assert m.attention_plan(torch.arange(12), c).window is None  # window + sinks cover every key
-    assert m.attention_plan(torch.arange(13), c).window == 8
+    short = lambda n: PosContext(seq_len=n, train_len=L, scaling=m)  # noqa: E731
+    assert m.attention_plan(torch.arange(12), short(12)).window is None  # window + sinks cover every key
+    assert m.attention_plan(torch.arange(13), short(13)).window == 8
+    # A KV cache planned for 40 tokens reads its first 12 with the plan of the 40-token forward.
+    assert m.attention_plan(torch.arange(12), c).window == 8
     assert method_label({"name": "window", "window": 8, "sinks": 4, "logn": True}) == "window-sinks4+logn"
     assert method_label({"name": "window", "sinks": 4, "sink_positions": "text"}) == "window-sinks4-text"
     assert method_label({"name": "window"}) == "window"

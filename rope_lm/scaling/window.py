@@ -66,8 +66,10 @@ class SlidingWindow(ScalingMethod):
 
     def plan(self, pos, ctx):
         w, T = self.size(ctx), pos.shape[0]
-        # With sinks nothing is hidden until a query lies past window + sinks.
-        if w + self.sinks >= T:
+        # With sinks nothing is hidden until a query lies past window + sinks. The sequence's length
+        # decides (a KV cache planned for it reads its first tokens with the plan of the full forward),
+        # so a layer whose own window is shorter meets the method's sinks from its first token either way.
+        if w + self.sinks >= max(T, ctx.seq_len or 0):
             return AttnPlan()
         plan = AttnPlan(window=w, sink_tokens=self.sinks)
         if self.far_pass:
