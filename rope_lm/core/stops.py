@@ -12,24 +12,37 @@ class Terminated(KeyboardInterrupt):
     """SIGTERM, raised where Ctrl-C raises KeyboardInterrupt."""
 
 
+class Stop:
+    """What signals_stop yields: whether SIGTERM came. A library that turns the exception raised in
+    its code into an error of its own (Optuna, interrupted inside its trial bookkeeping) still lets
+    the caller tell a stop from a failure."""
+
+    signalled = False
+
+    def reraise_if_stopped(self) -> None:
+        if self.signalled:
+            raise Terminated from None
+
+
 @contextlib.contextmanager
 def signals_stop():
-    owner = os.getpid()
+    owner, record = os.getpid(), Stop()
 
     def stop(signum, frame):
         if os.getpid() != owner:  # a forked worker (a pool's) inherited the handler: it ends as SIGTERM ends it
             signal.signal(signum, signal.SIG_DFL)
             os.kill(os.getpid(), signum)
             return
+        record.signalled = True
         raise Terminated
 
     try:
         previous = signal.signal(signal.SIGTERM, stop)
     except ValueError:  # not the main thread: leave signals alone
-        yield
+        yield record
         return
     try:
-        yield
+        yield record
     finally:
         signal.signal(signal.SIGTERM, previous)
 

@@ -124,10 +124,25 @@ def search_checkpoint(
     expected = evolution.population * (evolution.generations + 1) if method == "longrope" else s.trials
     progress = {"done": list(done), "searched": False}
     try:
-        with signals_stop():
-            return _search(
-                s, scaling_options, trained, method, target, evolution, reference, installed, head, out, done, progress
-            )
+        with signals_stop() as stop:
+            try:
+                return _search(
+                    s,
+                    scaling_options,
+                    trained,
+                    method,
+                    target,
+                    evolution,
+                    reference,
+                    installed,
+                    head,
+                    out,
+                    done,
+                    progress,
+                )
+            except Exception:
+                stop.reraise_if_stopped()  # Optuna, stopped inside its own bookkeeping, raises an error of its own
+                raise
     except KeyboardInterrupt as e:
         raise _stopped(e, s, method, out, progress, expected, command) from None
 
