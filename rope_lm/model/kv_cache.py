@@ -63,16 +63,6 @@ class LayerCache:
         buf[:, :, start:end] = new
         return buf[:, :, :end]
 
-    def keep(self, name: str, full: torch.Tensor) -> None:
-        """Hold full (B, h, end, D), every token so far, as this name's buffer (a far pass that began late)."""
-        end = full.shape[2]
-        capacity = max(self.owner.planned_len or end, end)
-        buf = self.buffers[name] = full.new_empty(full.shape[0], full.shape[1], capacity, full.shape[3])
-        buf[:, :, :end] = full
-
-    def drop(self, name: str) -> None:
-        self.buffers.pop(name, None)
-
     def has(self, name: str) -> bool:
         return name in self.buffers
 
@@ -140,24 +130,16 @@ def cached_attention(q, k, v, scheme, layer, pos, plan, ctx, store: LayerCache):
     new_pos = pos[q0:]
     qr, kr = scheme.rotate(q, k, new_pos, new_pos, layer, ctx)
     q2 = k2 = raw = None
-    far, planned = ctx.scaling.far_pass, store.owner.planned_len is not None
-    # Raw keys are kept for content terms and for a method with a far pass: unplanned, its far keys
-    # are rotated afresh each call (a group may grow with the length); planned, until its far keys
-    # exist, since a far pass may begin only after the prefill (a short prompt decoded past a
-    # window): the keys read before it began are then rotated at their far positions once.
-    started = plan.two_pass and (q0 == 0 or store.has("far_keys"))
-    if scheme.has_content_terms or (far and not (planned and started)):
+    # Unplanned, a far pass may start (or regroup) as the length grows, so its keys are rotated
+    # afresh each call from the raw keys kept for it. Planned, every call sees the planned length
+    # (PosContext.seq_len), so a far pass is on from the first call or never, as in the full forward.
+    regrouped = store.owner.planned_len is None and ctx.scaling.far_pass
+    if scheme.has_content_terms or regrouped:
         raw = store.extend("raw_keys", k)
     if plan.two_pass:
-        if not planned and far:
+        if regrouped:
             q2, _ = scheme.rotate(q, k[:, :, :0], plan.alt_q_pos[q0:], plan.alt_k_pos[:0], layer, ctx)
             _, k2 = scheme.rotate(q[:, :, :0], raw, plan.alt_q_pos[:0], plan.alt_k_pos, layer, ctx)
-        elif not started:
-            q2, _ = scheme.rotate(q, k[:, :, :0], plan.alt_q_pos[q0:], plan.alt_k_pos[:0], layer, ctx)
-            _, k2 = scheme.rotate(q[:, :, :0], raw, plan.alt_q_pos[:0], plan.alt_k_pos, layer, ctx)
-            store.keep("far_keys", k2)
-            if not scheme.has_content_terms:
-                store.drop("raw_keys")
         else:
             q2, k2 = scheme.rotate(q, k, plan.alt_q_pos[q0:], plan.alt_k_pos[q0:], layer, ctx)
             k2 = store.extend("far_keys", k2)
