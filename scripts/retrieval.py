@@ -16,6 +16,8 @@ lengths, depths or tasks to a finished run. The work is
 rope_lm.probes.retrieval_run.run_retrieval.
 """
 
+import sys
+
 import hydra
 
 from rope_lm.cli import hydra_task, log_to_stderr, script_settings
@@ -27,7 +29,7 @@ def main(cfg):
     from rope_lm.probes.retrieval_run import RetrievalSettings, run_retrieval
 
     log_to_stderr()
-    run_retrieval(script_settings(cfg, RetrievalSettings))
+    run_retrieval(script_settings(cfg, RetrievalSettings), sys.argv[1:])
 
 
 if __name__ == "__main__":

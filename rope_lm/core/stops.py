@@ -73,3 +73,13 @@ def signals_deferred():
             signal.signal(s, signal.SIG_DFL if handler is None else handler)  # None: set outside Python
         for s in caught[:1]:
             signal.raise_signal(s)
+
+
+def rerun_command(script: str, argv: list[str], replaced: tuple[str, ...], extra: list[str]) -> str:
+    """The command that finishes a stopped piece of work: `python scripts/<script>` with the arguments
+    it was given (`+` and `~` prefixes read through), those setting a key in `replaced` dropped and
+    `extra` appended, quoted for a shell."""
+    import shlex
+
+    kept = [a for a in argv if not a.lstrip("+~").startswith(tuple(f"{k}=" for k in replaced))]
+    return f"python scripts/{script} " + shlex.join([*kept, *extra])

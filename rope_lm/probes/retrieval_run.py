@@ -16,11 +16,10 @@ from dataclasses import dataclass, field
 import json
 import logging
 import os
-import shlex
 
 from rope_lm.core.errors import ConfigError, Interrupted, OutputError, write_failure
 from rope_lm.core.files import atomic_write, from_here
-from rope_lm.core.stops import signal_status, signals_stop
+from rope_lm.core.stops import rerun_command, signal_status, signals_stop
 from rope_lm.probes import diagnostics as D
 from rope_lm.probes import passkey as P
 from rope_lm.probes import retrieval as R
@@ -106,23 +105,16 @@ def verdict_settings(s: RetrievalSettings) -> dict:
     }
 
 
-def finish_command(s: RetrievalSettings, out: str) -> str:
-    """The command that finishes a stopped battery: the same settings, out= its folder, existing=continue."""
-    args = [f"ckpt={s.ckpt}", f"out={out}", "existing=continue"]
-    for name in ("tasks", "lengths", "multipliers", "depths"):
-        value = getattr(s, name)
-        if value is not None and value != getattr(RetrievalSettings(), name):
-            args.append(f"{name}=[{','.join(str(v) for v in value)}]")
-    for name in ("needles", "samples", "seed", "scoring", "haystack", "split"):
-        if getattr(s, name) != getattr(RetrievalSettings(), name):
-            args.append(f"{name}={getattr(s, name)}")
-    if s.scaling:
-        args.append(f"scaling={s.scaling.get('name')}")
-    return "python scripts/retrieval.py " + " ".join(shlex.quote(a) for a in args)
+def finish_command(command: list[str] | None, s: RetrievalSettings, out: str) -> str:
+    """The command that finishes a stopped battery: the arguments it was given (from Python, the
+    checkpoint alone), out= its folder, existing=continue."""
+    command = command if command is not None else [f"ckpt={s.ckpt}"]
+    return rerun_command("retrieval.py", command, ("out", "existing"), [f"out={out}", "existing=continue"])
 
 
-def run_retrieval(s: RetrievalSettings) -> dict:
-    """The battery for s.ckpt into its folder; returns what retrieval.json holds."""
+def run_retrieval(s: RetrievalSettings, command: list[str] | None = None) -> dict:
+    """The battery for s.ckpt into its folder; returns what retrieval.json holds. `command`: the
+    arguments it was given on the command line, for the command a stop prints to finish it."""
     tasks, threshold, relative = check(s)
     settings = verdict_settings(s)
     cells_path = os.path.join(s.out, R.CELLS) if s.out else None
@@ -187,12 +179,14 @@ def run_retrieval(s: RetrievalSettings) -> dict:
             )
             return write_report(s, trained, results, threshold, relative, train_len, folder)
     except KeyboardInterrupt as e:
-        raise _stopped(e, s, folder, settings, total) from None
+        raise _stopped(e, s, folder, settings, total, command) from None
     except OutputError as e:
-        raise _cells_kept(e, s, folder, settings) from None
+        raise _cells_kept(e, s, folder, settings, command) from None
 
 
-def _stopped(e: KeyboardInterrupt, s: RetrievalSettings, folder: list, settings: dict, total: int) -> Interrupted:
+def _stopped(
+    e: KeyboardInterrupt, s: RetrievalSettings, folder: list, settings: dict, total: int, command: list[str] | None
+) -> Interrupted:
     out = folder[0] if folder else s.out
     cells = os.path.join(out, R.CELLS) if out else None
     if cells is None or not os.path.exists(cells):
@@ -203,7 +197,7 @@ def _stopped(e: KeyboardInterrupt, s: RetrievalSettings, folder: list, settings:
     kept = len(R.read_cells(cells, settings))
     return Interrupted(
         f"Stopped by a signal: {kept} of {total} cells of the battery are kept in {cells} (every cell is "
-        f"written as soon as it is scored; the report once all are). Finish it with: {finish_command(s, out)}",
+        f"written as soon as it is scored; the report once all are). Finish it with: {finish_command(command, s, out)}",
         signal_status(e),
     )
 
@@ -221,7 +215,7 @@ def _drop_if_empty(cells: str, folder_too: bool) -> None:
         pass
 
 
-def _cells_kept(error, s: RetrievalSettings, folder: list, settings: dict):
+def _cells_kept(error, s: RetrievalSettings, folder: list, settings: dict, command: list[str] | None):
     """A failed write (a full disk) names out= and, where cells were scored, how to finish from them."""
     cells = os.path.join(folder[0], R.CELLS) if folder else None
     try:
@@ -233,7 +227,7 @@ def _cells_kept(error, s: RetrievalSettings, folder: list, settings: dict):
     return error.reworded(
         kept=f"The {kept} cell(s) scored so far are kept in {cells}.",
         elsewhere="move that folder to a disk with more room (and give its new place as out=)",
-        then=f"finish the battery from them: {finish_command(s, folder[0])}",
+        then=f"finish the battery from them: {finish_command(command, s, folder[0])}",
     )
 
 

@@ -25,11 +25,10 @@ from dataclasses import asdict, dataclass, field
 import json
 import logging
 import os
-import shlex
 import time
 
 from rope_lm.core.errors import ConfigError, Interrupted
-from rope_lm.core.stops import signal_status, signals_stop
+from rope_lm.core.stops import rerun_command, signal_status, signals_stop
 
 log = logging.getLogger("rope_lm")
 
@@ -305,8 +304,7 @@ def finish_command(command: list[str] | None, s: SearchSettings, out: str) -> st
     """The command that finishes a stopped search: the same arguments, out= its folder, existing=continue."""
     if command is None:
         command = [f"ckpt={s.ckpt}" if s.ckpt else f"hf={s.hf}", f"method={s.method}"]
-    kept = [a for a in command if not a.lstrip("+~").startswith(("out=", "existing="))]
-    return "python scripts/search.py " + shlex.join([*kept, f"out={out}", "existing=continue"])
+    return rerun_command("search.py", command, ("out", "existing"), [f"out={out}", "existing=continue"])
 
 
 def _stopped(e, s: SearchSettings, method: str, out: str, progress: dict, expected: int, command) -> Interrupted:

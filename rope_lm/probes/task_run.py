@@ -31,7 +31,6 @@ import logging
 import math
 import os
 import random
-import shlex
 import time
 import typing
 
@@ -41,7 +40,7 @@ import torch.nn.functional as F
 from rope_lm.core.devices import resolve_device
 from rope_lm.core.errors import ConfigError, Interrupted
 from rope_lm.core.files import atomic_write, replaced_atomically, save_figure, write_json, written_together
-from rope_lm.core.stops import signal_status, signals_stop
+from rope_lm.core.stops import rerun_command, signal_status, signals_stop
 from rope_lm.core.tables import markdown_table
 from rope_lm.core.typed import dataclass_annotations, typed, typed_component, typed_dataclass
 from rope_lm.eval import bootstrap
@@ -633,13 +632,13 @@ def task_in_folder(config: dict, out_dir: str, where: str, command: list[str] | 
 def finish_command(out_dir: str, command: list[str] | None) -> str:
     """The same command with existing=continue, in the same folder (a sweep: the same sweep folder, whose
     complete runs are skipped)."""
-    args = [a for a in (command or []) if not a.lstrip("+~").startswith(("existing=", "hydra.run.dir="))]
-    if any(a in ("-m", "--multirun") for a in args):
-        sweep = os.path.dirname(os.path.abspath(out_dir))
-        args = [a for a in args if not a.lstrip("+~").startswith("hydra.sweep.dir=")] + [f"hydra.sweep.dir={sweep}"]
+    command = command or []
+    if any(a in ("-m", "--multirun") for a in command):
+        where = ("hydra.sweep.dir", os.path.dirname(os.path.abspath(out_dir)))
     else:
-        args.append(f"hydra.run.dir={out_dir}")
-    return "python scripts/task.py " + shlex.join([*args, "existing=continue"])
+        where = ("hydra.run.dir", out_dir)
+    replaced = ("existing", "hydra.run.dir", "hydra.sweep.dir")
+    return rerun_command("task.py", command, replaced, [f"{where[0]}={where[1]}", "existing=continue"])
 
 
 def stopped_task(run: TaskRun, out_dir: str, progress: dict, command: list[str] | None) -> str:
