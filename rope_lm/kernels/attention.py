@@ -29,6 +29,12 @@ Two-pass plans (ReRoPE, leaky ReRoPE, Self-Extend) go to ``two_pass``
 merged by log-sum-exp, grouped heads kept) unless ``explicit`` is asked for
 or the plan needs what that kernel lacks (two_pass.unsupported).
 
+A scheme whose positions read the content (``owns_attention``: FoX,
+stick-breaking, CoPE, PaTH, DAPE) computes its attention itself
+(``scheme_attention``): it is handed q, k, v and the per-token terms it
+derived from the layer's input, and offers its own fast path beside its
+explicit reference (``kernel="explicit"``).
+
 ``auto``: explicit where content-position terms require it; flex on CUDA
 for a bias or a window; sdpa otherwise, CPU included. On CPU, compiled flex
 spends 6-30 s compiling per new sequence length before it is faster than the
@@ -77,6 +83,8 @@ class AttnPlan:
 
 
 def choose_kernel(requested: str, scheme, plan: AttnPlan, device: torch.device, needs_grad: bool = False) -> str:
+    if scheme.owns_attention:
+        return "scheme"
     if plan.two_pass and requested != "explicit" and two_pass.fits(scheme, plan):
         return "two_pass"
     if scheme.has_content_terms or plan.two_pass:
@@ -123,9 +131,12 @@ def match_heads(q, *kv):
     return out
 
 
-def attend(q, k, v, scheme, layer, pos, plan: AttnPlan, ctx, kernel: str = "auto"):
+def attend(q, k, v, scheme, layer, pos, plan: AttnPlan, ctx, kernel: str = "auto", terms: dict | None = None):
     """q (B, H, T, D), k and v (B, H or a divisor of H, T, D) before any
-    rotation; returns (B, H, T, D)."""
+    rotation; returns (B, H, T, D). terms: what a scheme that reads the
+    layer's input derived from it (PositionalScheme.token_terms)."""
+    if scheme.owns_attention:
+        return scheme_attention(q, k, v, scheme, layer, pos, plan, ctx, kernel, terms)
     needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
     kernel = choose_kernel(kernel, scheme, plan, q.device, needs_grad)
     if kernel == "two_pass":  # keeps grouped heads grouped
@@ -141,6 +152,17 @@ def attend(q, k, v, scheme, layer, pos, plan: AttnPlan, ctx, kernel: str = "auto
         if out is not None:
             return out
     return sdpa_path(q, k, v, scheme, layer, pos, plan, ctx)
+
+
+def scheme_attention(q, k, v, scheme, layer, pos, plan, ctx, kernel="auto", terms=None):
+    """An owns_attention scheme's own attention: q (B, H, t, D), the last t of
+    len(pos) queries; k, v and terms over all len(pos) tokens. Heads are
+    matched and log-n's scale put on the queries here, once for every such
+    scheme; a two-pass plan never reaches one (no rotation to repeat)."""
+    k, v = match_heads(q, k, v)
+    if plan.q_scale is not None:
+        q = q * plan.q_scale[pos.shape[0] - q.shape[2] :].to(q.dtype)[:, None]
+    return scheme.attention(layer, q, k, v, terms or {}, pos, plan, ctx, kernel)
 
 
 # Queries per block, at least, where a scheme's masked_bias fills the mask:

@@ -11,6 +11,10 @@ What is kept, per layer, with grouped key/value heads left grouped:
   content-position terms (Transformer-XL, Shaw, DeBERTa) the raw keys;
 * values.
 
+* for a scheme that computes its own attention from terms it reads off each
+  token (FoX's forget gates, PaTH's Householder directions), those terms;
+  such a scheme's keys are kept unrotated.
+
 Bias schemes (ALiBi, T5, Kerple, FIRE, Sandwich) need nothing more: each
 step computes the bias of its queries' true positions against every key's.
 Absolute schemes add the rows of the new tokens' positions; a recurrent
@@ -120,11 +124,19 @@ class KVCache:
         self.length += new_tokens
 
 
-def cached_attention(q, k, v, scheme, layer, pos, plan, ctx, store: LayerCache):
+def cached_attention(q, k, v, scheme, layer, pos, plan, ctx, store: LayerCache, terms: dict | None = None):
     """Attention of the new tokens' q, k, v (B, H or Hkv, t, D, unrotated)
     over every token the cache holds and themselves; pos and plan cover all
-    of them (len(pos) = tokens held + t)."""
-    from rope_lm.kernels.attention import offset_attention
+    of them (len(pos) = tokens held + t). terms: the new tokens' part of what
+    a scheme that reads the layer's input derived from it."""
+    from rope_lm.kernels.attention import offset_attention, scheme_attention
+
+    if scheme.owns_attention:
+        # Raw keys, values and the per-token terms; each step hands the scheme every token held
+        # (a scheme that could carry a running summary instead says so in its module).
+        held = {name: store.extend(f"term:{name}", t) for name, t in (terms or {}).items()}
+        kk, vv = store.extend("keys", k), store.extend("values", v)
+        return scheme_attention(q, kk, vv, scheme, layer, pos, plan, ctx, "auto", held)
 
     q0 = pos.shape[0] - q.shape[2]
     new_pos = pos[q0:]

@@ -265,10 +265,11 @@ class Attention(nn.Module):
         B, T, _ = x.shape
         q, k, v = self.split_qkv(x)
         q, plan = self.tune_softmax(q, pos, plan)
+        terms = scheme.token_terms(self.layer, x, ctx) if scheme.reads_input else None
         if cache is None:
-            y = attend(q, k, v, scheme, self.layer, pos, plan, ctx, self.kernel)
+            y = attend(q, k, v, scheme, self.layer, pos, plan, ctx, self.kernel, terms)
         else:
-            y = cached_attention(q, k, v, scheme, self.layer, pos, plan, ctx, cache.layer(self.layer))
+            y = cached_attention(q, k, v, scheme, self.layer, pos, plan, ctx, cache.layer(self.layer), terms)
         return self.drop(self.proj(y.transpose(1, 2).reshape(B, T, self.n_head * self.head_dim)))
 
 

@@ -71,6 +71,15 @@ class PositionalScheme(nn.Module):
     has_content_terms: bool = False  # implements content_scores() and/or value_term()
     # distance_bias() returns the same table for every layer (computed once per forward, in PosContext.memo).
     distance_bias_shared: bool = False
+    # Positions that read the content (FoX, stick-breaking, CoPE, PaTH, DAPE): the scheme computes the whole
+    # attention itself in attention(), from q, k, v and per-token terms it derives from the layer's input
+    # (token_terms). Kernels hand such a scheme everything and choose nothing; it offers its own fast path
+    # and its explicit reference (kernel="explicit"), which tests/test_attention.py holds equal.
+    owns_attention: bool = False
+    # token_terms() reads the layer's normed input (a forget gate, a Householder direction).
+    reads_input: bool = False
+    # Whether attention() serves gpt-oss's learned sink logits (a softmax's extra denominator term).
+    serves_sink_logits: bool = False
 
     def __init__(self, dims: Dims):
         super().__init__()
@@ -118,3 +127,21 @@ class PositionalScheme(nn.Module):
     def value_term(self, layer: int, probs, q_pos, k_pos, ctx: PosContext):
         """Extra attention output from positional values, (B, H, Tq, D), or None."""
         return None
+
+    def token_terms(self, layer: int, x: torch.Tensor, ctx: PosContext) -> dict[str, torch.Tensor]:
+        """Per-token tensors (B, H, T, d) that attention() reads, derived from
+        the layer's normed input x (B, T, C) (reads_input schemes). A KV cache
+        keeps them beside the keys, so a step computes only its own tokens'."""
+        return {}
+
+    def attention(self, layer: int, q, k, v, terms: dict, pos, plan, ctx: PosContext, kernel: str = "auto"):
+        """The attention output (B, H, t, D) of an owns_attention scheme.
+
+        q (B, H, t, D) are the last t of len(pos) queries (t = len(pos) in a
+        full forward, fewer in a KV-cached step), log-n's scale already on
+        them; k, v (B, H, len(pos), D) and every terms tensor cover all
+        tokens, key/value heads already repeated to H. plan carries the window
+        and sink tokens (rope_lm.positional._content.allowed_pairs reads them).
+        kernel is "explicit" for the reference written from the paper's formula,
+        anything else for the scheme's fastest path; the two must agree."""
+        raise NotImplementedError
