@@ -21,7 +21,7 @@ from hydra.errors import CompactHydraException
 from hydra.experimental.callback import Callback
 from omegaconf import OmegaConf
 
-from rope_lm.core.errors import ConfigError, Interrupted, RopeLMError
+from rope_lm.core.errors import ConfigError, Interrupted, OutputError, RopeLMError
 from rope_lm.core.files import check_room
 from rope_lm.runs.run_folder import Status, check_writable
 
@@ -210,6 +210,7 @@ class SweepSummary(Callback):
         self.path: str | None = None
         self.skipped = 0
         self.printed = False
+        self.unwritten: str | None = None  # why jobs.json could not be written, if it could not
 
     def on_run_start(self, config, **kwargs):
         # Hydra makes the run folder before the job starts: a read-only place is reported here, in
@@ -255,15 +256,23 @@ class SweepSummary(Callback):
             return {}
 
     def _record(self, job: dict, keep_overrides: bool = False):
+        # A study is finished over several sittings, or by two processes at once, into one folder
+        # (existing=continue): each write adds this one job to what the file holds now, so no process writes
+        # back another's stale state; a skip (complete, or running elsewhere) never replaces a completed job.
+        self.jobs.append(job)
+        try:
+            self._write(job, keep_overrides)
+        except (OSError, OutputError) as e:
+            # A full or read-only disk: Hydra would turn the callback's error into a warning of its own
+            # and go on; the record stays in memory, and the summary says what the file lacks.
+            self.unwritten = str(e).split(": ", 1)[-1] if isinstance(e, OutputError) else e.strerror or str(e)
+
+    def _write(self, job: dict, keep_overrides: bool):
         from filelock import FileLock
 
         from rope_lm.core.files import atomic_write
 
         os.makedirs(os.path.dirname(self.path), exist_ok=True)
-        # A study is finished over several sittings, or by two processes at once, into one folder
-        # (existing=continue): each write adds this one job to what the file holds now, so no process writes
-        # back another's stale state; a skip (complete, or running elsewhere) never replaces a completed job.
-        self.jobs.append(job)
         with FileLock(self.path + ".lock"):
             merged = self._read()
             before = merged.get(job["output_dir"])
@@ -282,6 +291,14 @@ class SweepSummary(Callback):
         if self.printed or not (self.jobs or INTERRUPTED):
             return
         self.printed = True
+        if self.unwritten:
+            print(
+                f"\nrope-lm sweep: {self.path} could not be written ({self.unwritten.rstrip('.')}), so it does not list "
+                f"every job below; each job's own folder holds its results. Free the space (or make the folder "
+                f"writable) and run the same command again with existing=continue: finished jobs are skipped "
+                f"and recorded.",
+                file=sys.stderr,
+            )
         if INTERRUPTED:
             num, out, ended = *INTERRUPTED[-1], len(self.jobs)
             self._record(

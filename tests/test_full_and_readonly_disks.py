@@ -573,3 +573,23 @@ def test_a_diagnostic_onto_a_full_disk(llama_ckpt, tmpfs, tmp_path, script, args
     os.remove(os.path.join(disk, "filler"))
     done = command(f"scripts/{script}", *args, f"out={mine}", f"hydra.run.dir={tmp_path}/hy")
     assert done.returncode == 0, done.stderr[-3000:]
+
+
+def test_a_sweeps_job_record_on_a_full_disk(tmpfs, capsys):
+    """jobs.json cannot be written: Hydra would make the callback's error a warning of its own; the summary
+    says which file lacks the record and how to fill it in, and the sweep goes on."""
+    from hydra.core.utils import JobReturn, JobStatus
+    from omegaconf import OmegaConf
+
+    from rope_lm.cli import SweepSummary
+
+    disk = tmpfs("sweep", 16, free_kib=0)
+    summary = SweepSummary()
+    summary.on_multirun_start(OmegaConf.create({"hydra": {"sweep": {"dir": disk}}}))
+    config = OmegaConf.create({"hydra": {"job": {"num": 0}, "runtime": {"output_dir": f"{disk}/0_rope"}}})
+    summary.on_job_end(config, JobReturn(overrides=["pos=rope"], status=JobStatus.COMPLETED, _return_value={}))
+    summary.print_summary()
+    err = " ".join(capsys.readouterr().err.split())
+    assert f"{disk}/jobs.json could not be written (the disk is full" in err
+    assert "existing=continue" in err and "all 1 jobs completed" in err
+    assert not os.path.exists(f"{disk}/jobs.json")

@@ -230,3 +230,38 @@ def test_the_script_has_help(tmp_path):
     done = run_script("search.py", "--help", cwd=tmp_path)
     assert "python scripts/search.py" in done.stdout and "== Settings (defaults) ==" in done.stdout
     assert os.listdir(tmp_path) == []
+
+
+def test_a_search_whose_final_files_cannot_all_be_written_leaves_the_folder_as_a_stopped_search(
+    tiny_ckpt, tmp_path, monkeypatch
+):
+    """best.yaml, trials.png, search.json and search.md are one set: a disk that fills at the plot keeps no
+    best.yaml beside a search.json still saying "searching", and existing=continue then finishes the set."""
+    import errno
+
+    from rope_lm.core.errors import OutputError, write_failure
+    from rope_lm.probes import search_run
+
+    out = tmp_path / "search"
+    s = search_run.SearchSettings(
+        ckpt=str(tiny_ckpt), trials=2, multiplier=4, val_tokens=256, test_tokens=256, bootstrap=20,
+        batch_tokens=512, device="cpu", out=str(out),
+    )  # fmt: skip
+
+    def options(name):
+        with open(os.path.join(os.path.dirname(__file__), "..", "conf", "scaling", f"{name}.yaml")) as f:
+            return yaml.safe_load(f)
+
+    def full(history, path, *args):
+        raise write_failure(path, OSError(errno.ENOSPC, "No space left on device"))
+
+    monkeypatch.setattr(search_run, "_plot", full)
+    with pytest.raises(OutputError, match="trials.png"):
+        search_run.search_checkpoint(s, options, str(tmp_path / "conf"))
+    assert not (out / "best.yaml").exists() and not (out / "search.md").exists()
+    assert json.load(open(out / "search.json"))["status"] == search_run.SEARCHING
+    monkeypatch.undo()
+    s.existing = "continue"
+    summary = search_run.search_checkpoint(s, options, str(tmp_path / "conf"))
+    assert summary["status"] == search_run.COMPLETE and summary["trials"] == 2
+    assert (out / "best.yaml").exists() and (out / "trials.png").exists() and (out / "search.md").exists()

@@ -147,7 +147,7 @@ def search_checkpoint(
 
 
 def _search(s, scaling_options, trained, method, target, evolution, reference, installed, head, out, done, progress):
-    from rope_lm.core.files import atomic_write, from_here
+    from rope_lm.core.files import atomic_write, from_here, written_together
     from rope_lm.eval import search as S
     from rope_lm.eval.evaluation import evaluate_lengths
     from rope_lm.probes.diagnostics import save_json
@@ -178,11 +178,6 @@ def _search(s, scaling_options, trained, method, target, evolution, reference, i
         log.info("test ppl@%d [%s] = %.3f", target, label, rows[label]["ppl"])
     paired = S.paired_ratios(rows, units, final.bootstrap, final.seed, target)
     text = _yaml(chosen, from_here(trained.path), target, best, len(history))
-    atomic_write(os.path.join(out, "best.yaml"), text)
-    if installed:
-        atomic_write(installed, text)
-    save_json(os.path.join(out, "trials.json"), history)
-    _plot(history, os.path.join(out, "trials.png"), method, target, train_len)
     summary = {
         "checkpoint": from_here(trained.path),
         "method": method,
@@ -205,9 +200,17 @@ def _search(s, scaling_options, trained, method, target, evolution, reference, i
         "model": head["model"],
         "compared": head["compared"],
     }
-    save_json(os.path.join(out, "search.json"), summary)
     table = search_table(summary)
-    atomic_write(os.path.join(out, "search.md"), table)
+    # One set: a full disk leaves the folder as a stopped search left it (search.json still
+    # "searching", so existing=continue redoes only the scoring), never a best.yaml without its tables.
+    with written_together(out, "out=", "search's results"):
+        atomic_write(os.path.join(out, "best.yaml"), text)
+        save_json(os.path.join(out, "trials.json"), history)
+        _plot(history, os.path.join(out, "trials.png"), method, target, train_len)
+        save_json(os.path.join(out, "search.json"), summary)
+        atomic_write(os.path.join(out, "search.md"), table)
+    if installed:
+        atomic_write(installed, text)
     print("\n" + table)
     print(
         f"Search: {out}/ (best.yaml, trials.json, trials.png, search.json, search.md)"
