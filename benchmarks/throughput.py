@@ -42,6 +42,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 import datetime
+import os
 import statistics
 import sys
 import time
@@ -355,6 +356,13 @@ def run(s: BenchSettings, out: str | None = None, log=None) -> dict:
 
     log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
     s.validate()
+    if out:  # a place the results cannot go is told before minutes of timing, not after
+        from rope_lm.core.files import check_room
+        from rope_lm.runs.run_folder import check_writable
+
+        folder = os.path.dirname(os.path.abspath(out))
+        check_writable(folder, "out=")
+        check_room(folder, "out=")
     for name in s.imports:  # fail here, once, if a module is missing
         __import__(name)
     s.threads = s.threads or (usable_cpus() if s.device == "cpu" else torch.get_num_threads())

@@ -593,3 +593,14 @@ def test_a_sweeps_job_record_on_a_full_disk(tmpfs, capsys):
     assert f"{disk}/jobs.json could not be written (the disk is full" in err
     assert "existing=continue" in err and "all 1 jobs completed" in err
     assert not os.path.exists(f"{disk}/jobs.json")
+
+
+@pytest.mark.parametrize("disk", ["full", "read-only"])
+def test_a_benchmarks_results_file_on_a_disk_that_cannot_take_it_is_refused_before_timing(tmpfs, disk):
+    """The benchmark's out= is checked before minutes of timing; a full disk names its own free space
+    (the tmpfs mount, not the disk of the folder above it)."""
+    where = tmpfs("bench", 16, free_kib=0) if disk == "full" else tmpfs("bench", 16, read_only=True)
+    done = command("benchmarks/bench.py", f"out={where}/bench.json", "steps=1")
+    words = [f"0 bytes free in {where}", "Nothing was started"] if disk == "full" else ["not writable", "out="]
+    one_paragraph(done, *words)
+    assert "measured CPU peak" not in done.stderr

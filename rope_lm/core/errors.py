@@ -121,7 +121,8 @@ def write_failure(
     written before a full disk stopped the write (removed since).
     `elsewhere`: the other way out in words, where no one setting moves the
     file (e.g. "move the run folder to a disk with more room")."""
-    directory = _existing(os.path.dirname(os.path.abspath(path)))
+    # A folder that exists is its own place (a mount point's parent is another disk).
+    directory = path if os.path.isdir(path) else _existing(os.path.dirname(os.path.abspath(path)))
     problem = write_problem(error)
     move = f"set {setting} to" if setting else "choose"
     if problem == FULL:
