@@ -30,7 +30,10 @@ def instances(name, size, n=200, seed=0, **knobs):
 def test_every_registered_task_is_covered_here():
     """The contract tests below run on every registered task; this list is the one deliberate edit a new task
     needs: add it here together with an independent check of its answers (as addition, scan, ... have)."""
-    assert set(SYNTHETIC_TASKS.names()) == {"copy", "reverse", "sort", "addition", "parity", "summation", "scan"}
+    assert set(SYNTHETIC_TASKS.names()) == {
+        *("copy", "reverse", "sort", "addition", "parity", "summation", "scan"),
+        *("counting", "selective_copy", "flip_flop"),  # independent checks: tests/test_cope_tasks.py
+    }
 
 
 def test_both_task_registries_load_every_module_without_torch():
