@@ -1,7 +1,7 @@
 """Published findings vs ours: each claim of conf/published.yaml checked
-against the studies' results by its rule (rope_lm/compare/published.py).
-Settings and examples: python scripts/check_published.py --help
-(conf/check_published.yaml)."""
+against the studies' results by its rule (rope_lm/compare/published_rules.py;
+the table written by rope_lm/compare/published.py). Settings and examples:
+python scripts/check_published.py --help (conf/check_published.yaml)."""
 
 import hydra
 from omegaconf import OmegaConf

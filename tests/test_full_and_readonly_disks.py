@@ -604,3 +604,13 @@ def test_a_benchmarks_results_file_on_a_disk_that_cannot_take_it_is_refused_befo
     words = [f"0 bytes free in {where}", "Nothing was started"] if disk == "full" else ["not writable", "out="]
     one_paragraph(done, *words)
     assert "measured CPU peak" not in done.stderr
+
+
+@pytest.mark.parametrize("disk", ["full", "read-only"])
+def test_a_search_into_a_disk_that_cannot_take_it(trained, tmpfs, disk):
+    """A read-only out= is refused before the model is opened (it was a makedirs traceback); a full one names
+    out= as the setting that moves it."""
+    where = tmpfs("search", 16, free_kib=0) if disk == "full" else tmpfs("search", 16, read_only=True)
+    args = ["method=yarn", "trials=1", "multiplier=2", "val_tokens=64", "test_tokens=64", "bootstrap=10"]
+    done = command("scripts/search.py", f"ckpt={trained}", *args, f"out={where}/s", "device=cpu")
+    one_paragraph(done, "out=", *(["disk is full"] if disk == "full" else ["not writable"]))

@@ -27,7 +27,7 @@ import logging
 import os
 import time
 
-from rope_lm.core.errors import ConfigError, Interrupted
+from rope_lm.core.errors import ConfigError, Interrupted, OutputError
 from rope_lm.core.stops import rerun_command, signal_status, signals_stop
 
 log = logging.getLogger("rope_lm")
@@ -90,6 +90,10 @@ def search_checkpoint(
         )
     if s.existing == "continue" and not s.out:
         raise ConfigError("existing=continue goes on in the out= folder of a stopped search: give that folder as out=.")
+    if s.out:  # before the model is opened, not at the first file
+        from rope_lm.runs.run_folder import check_writable
+
+        check_writable(s.out, "out=")
     installed = None
     if s.conf_name:
         installed = os.path.join(conf_scaling, f"{s.conf_name}.yaml")
@@ -154,7 +158,10 @@ def _search(s, scaling_options, trained, method, target, evolution, reference, i
     from rope_lm.runs.trained import checkpoint_token_cache
 
     model, train_len = trained.model, trained.train_len
-    save_json(os.path.join(out, "search.json"), head)  # first: what a continue checks
+    try:
+        save_json(os.path.join(out, "search.json"), head)  # first: what a continue checks
+    except OutputError as e:
+        raise e.reworded(setting="out=") from None
     cache, _ = checkpoint_token_cache(trained.lit, s.data, out)
     obj = S.objective(model, cache.tokens("valid"), target, s.val_tokens, s.batch_tokens)
     started = time.perf_counter()
