@@ -24,7 +24,7 @@ per-head terms) repeats each key/value head over its group of query heads
 with per-head parameters (ALiBi slopes, T5 buckets, ...) act on query heads
 and every kernel computes exactly the same thing as with full heads.
 
-Two-pass plans (ReRoPE, leaky ReRoPE, Self-Extend) go to ``two_pass``
+Two-pass plans (ReRoPE, leaky ReRoPE, Self-Extend, Dual Chunk Attention) go to ``two_pass``
 (rope_lm/kernels/two_pass.py: near band and far region each over only its keys,
 merged by log-sum-exp, grouped heads kept) unless ``explicit`` is asked for
 or the plan needs what that kernel lacks (two_pass.unsupported).
@@ -70,6 +70,10 @@ class AttnPlan:
     alt_q_pos: torch.Tensor | None = None
     alt_k_pos: torch.Tensor | None = None
     alt_from: int | None = None
+    # A per-query boundary on the second pass (Dual Chunk Attention, whose regions follow chunks, not
+    # distances): (T,) key indices; with it, a pair (i, j) at distance >= alt_from takes the second
+    # rotation only if j < alt_below[i]. alt_from stays the smallest distance any such pair has.
+    alt_below: torch.Tensor | None = None
     # StreamingLLM's attention sinks: under a window, keys 0..sink_tokens-1
     # stay visible to every query.
     sink_tokens: int = 0
@@ -326,6 +330,8 @@ def _block_probs(prepared, scheme, layer, pos, plan, ctx, s, e, q0=0):
         far = (
             torch.arange(s, e, device=q.device)[:, None] - torch.arange(e, device=q.device)[None, :]
         ) >= plan.alt_from
+        if plan.alt_below is not None:
+            far = far & (torch.arange(e, device=q.device)[None, :] < plan.alt_below[s:e, None].to(q.device))
         scores = torch.where(far, (q2[:, :, rows] @ k2[:, :, :e].transpose(-1, -2)) * scale, scores)
     if scheme.has_bias:
         scores = scores + scheme.bias(layer, pos[s:e], pos[:e], ctx).to(scores.dtype)
@@ -339,8 +345,16 @@ def _block_probs(prepared, scheme, layer, pos, plan, ctx, s, e, q0=0):
     return torch.softmax(torch.cat((scores, sink), -1), dim=-1)[..., :-1]
 
 
-def attention_probs(q, k, scheme, layer, pos, plan, ctx) -> torch.Tensor:
-    """(B, H, T, T) float32 probabilities of the explicit path, for diagnostics."""
+def attention_probs(q, k, scheme, layer, pos, plan, ctx, terms: dict | None = None) -> torch.Tensor:
+    """(B, H, T, T) float32 probabilities of the explicit path, for diagnostics.
+
+    A scheme that owns its attention mixes values linearly (a softmax, a stick
+    broken over the keys, with any remainder on the query's own value), so its
+    weights are its explicit path applied to one-hot values: value j = e_j."""
+    if scheme.owns_attention:
+        T = k.shape[2]
+        one_hot = torch.eye(T, dtype=q.dtype, device=q.device).expand(q.shape[0], k.shape[1], T, T)
+        return scheme_attention(q, k, one_hot, scheme, layer, pos, plan, ctx, "explicit", terms).float()
     (k,) = match_heads(q, k)
     T = q.shape[2]
     return _block_probs(_prepare(q, k, scheme, layer, pos, plan, ctx), scheme, layer, pos, plan, ctx, 0, T)

@@ -128,11 +128,12 @@ def layer_attention(attn, x, scheme, pos, plan, ctx):
     from an attention layer's inputs."""
     q, k, v = attn.split_qkv(x)
     q, plan = attn.tune_softmax(q, pos, plan)
-    probs = attention_probs(q, k, scheme, attn.layer, pos, plan, ctx)
+    terms = scheme.token_terms(attn.layer, x, ctx) if scheme.reads_input else None
+    probs = attention_probs(q, k, scheme, attn.layer, pos, plan, ctx, terms)
     (v,) = match_heads(q, v)  # grouped-query models: each query head reads its key/value head
     p = probs.to(v.dtype)
     y = p @ v
-    value = scheme.value_term(attn.layer, p, pos, pos, ctx)
+    value = None if scheme.owns_attention else scheme.value_term(attn.layer, p, pos, pos, ctx)
     if value is not None:
         y = y + value
     B, H, T, D = y.shape
