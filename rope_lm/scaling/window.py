@@ -57,7 +57,8 @@ class SlidingWindow(ScalingMethod):
         return ctx.train_len if self.window == "auto" else self.window
 
     def validate(self, seq_len, scheme, train_len):
-        if self.far_pass and (scheme.has_bias or scheme.has_content_terms or scheme.family == "absolute"):
+        rotation_only = scheme.has_bias or scheme.has_content_terms or scheme.owns_attention
+        if self.far_pass and (rotation_only or scheme.family == "absolute"):
             raise ConfigError(
                 f"scaling.sink_positions=cache re-reads the sink tokens at positions just before the window, which "
                 f"only a rotation can do; positional scheme {scheme.name!r} ({scheme.family}) has no second "
