@@ -243,7 +243,6 @@ def test_rotary_methods_are_refused_by_family_and_logn_and_window_serve():
         "logn": {"name": "logn"},
         "window": {"name": "window", "window": 5},
         "window+logn": {"name": "window", "window": 5, "logn": True},
-        "streaming_llm": streaming,
         "streaming_llm-text": {**streaming, "sink_positions": "text"},
     }.items():
         check_fit(config(), POS, method, 4 * L)
@@ -251,8 +250,9 @@ def test_rotary_methods_are_refused_by_family_and_logn_and_window_serve():
         with torch.no_grad():
             logits[label] = model(idx)
         assert torch.isfinite(logits[label]).all()
-    # the scheme reads no positions: where the sinks are said to sit changes nothing
-    torch.testing.assert_close(logits["streaming_llm"], logits["streaming_llm-text"], atol=0, rtol=0)
+    # the scheme reads no positions, so sinks re-read at positions before the window cannot be served: refused
+    with pytest.raises(ConfigError, match="sink_positions=text"):
+        check_fit(config(), POS, streaming, 4 * L)
     assert (logits["window"] - logits["logn"]).abs().max() > 1e-3
 
 
