@@ -6,6 +6,7 @@ extrapolation methods, into one table and one plot.
     python scripts/eval_extrapolation.py ckpt=<run dir> scaling=yarn scaling.factor=4 out=outputs/eval/yarn4
     python scripts/eval_extrapolation.py ckpt=<run dir> scaling=none,ntk,ntk+logn,rerope scaling.rerope.window=32
     python scripts/eval_extrapolation.py ckpt=<run dir> scaling=none,<search folder>/best.yaml   # a searched config
+    python scripts/eval_extrapolation.py ckpt=<run dir> scaling=none,yarn eval.controls=[window]   # + the window-L control
     python scripts/eval_extrapolation.py hf=HuggingFaceTB/SmolLM-135M scaling=none,yarn data.path=<texts>
 
 Settings use the same names as train.py: `scaling=a,b` names options of the
@@ -16,6 +17,10 @@ log-n logit scaling to a method (label `name+logn`). `scaling.<key>=v` sets
 for that method only. `eval.*` overrides conf/eval/default.yaml, `data.*` the
 checkpoint's own data settings (e.g. data.test_fraction), `device=cpu|cuda|auto`,
 `out=` the output folder (default: a new folder inside the checkpoint's run).
+`eval.controls=[window]` also evaluates the model cut to its training length
+(the window-L control) on the same windows, and records each method's PPL over
+the control's with a paired interval; with `out=<a finished evaluation>
+existing=continue` it evaluates only the control.
 `data=<name>` evaluates on a conf/data corpus instead (e.g. data=pg19, with
 data.path= for a local copy).
 

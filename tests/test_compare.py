@@ -314,14 +314,16 @@ def compose(overrides):
 
 
 def test_pe_extrapolation_preset_sweeps_every_scheme_and_fits_learned():
-    from rope_lm.eval.evaluation import EvalConfig
     from rope_lm.model.transformer import build_model
 
     cfg, sweep = compose(["+experiment=pe_extrapolation"])
     schemes = sweep["experiment/pe_scheme@_global_"].split(",")
     assert schemes == ["sinusoidal", "learned", "rope", "t5", "alibi", "nope", "kerple", "fire"]
     assert cfg["logger"]["group"] == "pe_extrapolation-stdlib-L64"
-    longest = max(EvalConfig(**cfg["eval"]).resolve_lengths(cfg["data"]["seq_len"]))
+    from rope_lm.runs.eval_run import eval_settings
+
+    assert cfg["eval"]["controls"] == ["window"]
+    longest = max(eval_settings(cfg["eval"])[0].resolve_lengths(cfg["data"]["seq_len"]))
     assert longest == 16 * cfg["data"]["seq_len"]
     for scheme in schemes:  # each run would pass the pipeline's pre-training length check
         cfg, _ = compose(["+experiment=pe_extrapolation", f"experiment/pe_scheme@_global_={scheme}"])
@@ -858,6 +860,7 @@ def test_train_long_presets_score_the_tables_they_bound():
         **headline["eval"],
         "lengths": pg19["eval"]["lengths"],
         "multipliers": pg19["eval"]["multipliers"],
+        "controls": [],  # every train_long length lies inside its own L, where a window at L cuts nothing
     }
     assert {k: pg19["data"][k] for k in ("name", "path", "test_fraction", "valid_fraction")} == {
         k: headline["data"][k] for k in ("name", "path", "test_fraction", "valid_fraction")

@@ -1,5 +1,5 @@
-"""Compare perplexity runs: compare.md, compare.csv (and compare_seeds.csv
-where seeds were replicated) and a pair of plots per group, across
+"""Compare perplexity runs: compare.md, compare.csv (and compare_seeds.csv,
+compare_seed_pairs.csv where seeds were replicated) and a pair of plots per group, across
 results.json files and committed compare.csv files (scripts/compare.py).
 
 A comparison only means something when every run scored the same text with
@@ -14,7 +14,7 @@ statistics (ppl_series), runs grouped and named (ppl_groups), the views
 
 import os
 
-from rope_lm.compare.ppl_csv import CSV_COLUMNS, SEED_COLUMNS, csv_rows, seed_rows
+from rope_lm.compare.ppl_csv import CSV_COLUMNS, PAIR_COLUMNS, SEED_COLUMNS, csv_rows, pair_rows, seed_rows
 from rope_lm.compare.ppl_groups import group_runs
 from rope_lm.compare.ppl_markdown import markdown
 from rope_lm.compare.ppl_plots import plot_per_position, plot_ppl
@@ -80,6 +80,10 @@ def compare(
         if seeds:
             files["seeds_csv"] = os.path.join(out_dir, "compare_seeds.csv")
             atomic_write(files["seeds_csv"], to_csv(seeds, SEED_COLUMNS))
+        pairs = pair_rows(groups)
+        if pairs:
+            files["seed_pairs_csv"] = os.path.join(out_dir, "compare_seed_pairs.csv")
+            atomic_write(files["seed_pairs_csv"], to_csv(pairs, PAIR_COLUMNS))
         for g in groups:
             suffix = f"_{g.key.slug()}" if len(groups) > 1 else ""
             ppl_png = os.path.join(out_dir, f"ppl_vs_length{suffix}.png")
@@ -93,6 +97,7 @@ def compare(
         "groups": groups,
         "rows": rows,
         "seed_rows": seeds,
+        "pair_rows": pairs,
         "runs": runs,
         "skipped": skipped,
         "title": title,

@@ -1,11 +1,20 @@
 """A perplexity comparison as markdown (compare.md): per group, PPL with its
-intervals, PPL relative to L_train, PPL past L_train, seed aggregates, the
-rows within noise of the best, and each run against the window-L control."""
+intervals, PPL relative to L_train, PPL past L_train, seed aggregates (against
+their own window-L controls and against each other, over seeds), the rows
+within noise of the best, and each run against the window-L control."""
 
 import math
 
-from rope_lm.compare.noise import WINDOW_CONTROL, against_control
-from rope_lm.compare.ppl_series import Group, relative, relative_interval
+from rope_lm.compare.noise import HOLDS, WINDOW_CONTROL, against_control
+from rope_lm.compare.ppl_series import (
+    Group,
+    control_verdict,
+    pair_verdict,
+    relative,
+    relative_interval,
+    seed_pair,
+    seed_pairs,
+)
 from rope_lm.compare.result_files import short_path
 from rope_lm.core.tables import markdown_table
 
@@ -78,6 +87,8 @@ def markdown(groups: list[Group], skipped: list[str], title: str) -> str:
             "",
         ]
         out += _seed_section(g, lengths, columns)
+        out += _seed_control_section(g, lengths)
+        out += _seed_pair_section(g, lengths)
         out += _noise_section(g, lengths)
         out += _window_section(g, lengths)
     if skipped:
@@ -109,6 +120,85 @@ def _seed_section(g: Group, lengths: list[int], columns: list[str]) -> list[str]
         )
         out.append(f"- {a.label} — {per}")
     return out + [""]
+
+
+T_FORMULA = (
+    "Per seed s, d_s = ln(PPL_s / {other}) on the same windows; d = mean ± sd over the n seeds; 95% interval "
+    "mean ± t_{{0.975, n−1}} · sd / √n (t = 4.303 for 3 seeds). Cells: exp(mean) [exp(interval)], a ratio, then "
+    "d. The interval includes training noise (one value per trained model), which no run's bootstrap interval "
+    "does. **holds**: it excludes a ratio of 1; otherwise the difference is within training noise."
+)
+
+
+def _ratio_cell(st: dict | None, verdict: str | None) -> str:
+    if st is None:
+        return ""
+    shown = (
+        f"{fmt(math.exp(st['mean']))} [{fmt(math.exp(st['lo']))}, {fmt(math.exp(st['hi']))}], "
+        f"d {st['mean']:+.3f} ± {st['sd']:.3f}"
+    )
+    return f"{shown} **holds**" if st["verdict"] == HOLDS else f"{shown} {verdict}"
+
+
+def _noise_list(rows: list, lengths: list[int], stats) -> list[str]:
+    """One line per length naming the rows whose difference is within training noise there."""
+    lines = []
+    for L in lengths:
+        names = [name for name, row in rows if (st := stats(row, L)) is not None and st["verdict"] != HOLDS]
+        if names:
+            lines.append(f"- {L}: within training noise: {', '.join(names)}")
+    return lines
+
+
+def _seed_control_section(g: Group, lengths: list[int]) -> list[str]:
+    """Each seed aggregate against its own window-L control (each seed's run's own, on the same windows), at
+    the lengths past L_train, over seeds."""
+    past = [L for L in lengths if L > g.key.train_len]
+    aggs = [a for a in g.seed_aggregates() if a.method != WINDOW_CONTROL]
+    aggs = [a for a in aggs if any(a.control_stats(L) for L in past)]
+    if not aggs:
+        return []
+    L0 = g.key.train_len
+    rows = [[a.label] + [_ratio_cell(st := a.control_stats(L), control_verdict(st)) for L in past] for a in aggs]
+    return (
+        [
+            f"### Against its own window-L control, across seeds (PPL / PPL of the same model cut to {L0})",
+            "",
+            "Below 1: the model reads the context past L_train better than itself with attention cut to the last "
+            f"{L0} keys; above 1: the context past L_train costs it. "
+            + T_FORMULA.format(other=f"PPL_s with attention cut to {L0}"),
+            "",
+            markdown_table(["run"] + [f"{L} ({L / L0:g}×)" for L in past], rows),
+            "",
+        ]
+        + _noise_list([(a.label, a) for a in aggs], past, lambda a, L: a.control_stats(L))
+        + [""]
+    )
+
+
+def _seed_pair_section(g: Group, lengths: list[int]) -> list[str]:
+    """Every two seed aggregates (no controls) at each length, paired by seed."""
+    pairs = [(a, b) for a, b in seed_pairs(g) if any(seed_pair(a, b, L) for L in lengths)]
+    if not pairs:
+        return []
+    L0 = g.key.train_len
+    rows = [
+        [f"{a.label} vs {b.label}"] + [_ratio_cell(st := seed_pair(a, b, L), pair_verdict(st)) for L in lengths]
+        for a, b in pairs
+    ]
+    named = [(f"{a.label} vs {b.label}", (a, b)) for a, b in pairs]
+    return (
+        [
+            "### Run against run, across seeds (PPL of the first over the second's, paired by seed)",
+            "",
+            T_FORMULA.format(other="PPL_s of the second"),
+            "",
+            markdown_table(["pair"] + [f"{L} ({L / L0:g}×)" for L in lengths], rows),
+            "",
+        ]
+        + _noise_list(named, lengths, lambda ab, L: seed_pair(ab[0], ab[1], L))
+        + [""]
+    )
 
 
 def _noise_section(g: Group, lengths: list[int]) -> list[str]:
@@ -144,6 +234,8 @@ def _window_section(g: Group, lengths: list[int]) -> list[str]:
     L), at each length past L_train: below beyond both 95% intervals (yes),
     above beyond them (no), or within them (tied)."""
     L0 = g.key.train_len
+    if any(s.control(L) for s in g.series for L in s.rows):
+        return _own_control_section(g, lengths)
     controls = [s for s in g.series if s.method == WINDOW_CONTROL and s.reference_self]
     if len(controls) != 1:
         return []
@@ -167,6 +259,39 @@ def _window_section(g: Group, lengths: list[int]) -> list[str]:
         f"{control.label}'s, a model whose attention is cut to the last {L0} keys and so reads nothing past "
         f"them: **yes** where it is lower beyond both 95% intervals, no where higher beyond them, tied within "
         f"them. A flat curve alone is what the control gives too.",
+        "",
+        markdown_table(["run"] + [f"{L} ({L / L0:g}×)" for L in past], rows),
+        "",
+    ]
+
+
+def _own_control_section(g: Group, lengths: list[int]) -> list[str]:
+    """Each series against its own run's window-L control on the same windows, as the evaluation recorded it:
+    PPL over the control's with the paired bootstrap interval, **yes** where below 1 beyond it (the model reads
+    the context past L), no where above, tied where the interval holds 1."""
+    L0 = g.key.train_len
+    past = [L for L in lengths if L > L0]
+
+    def cell(s, L):
+        pair = s.control(L)
+        if pair is None:
+            return ""
+        shown = fmt(pair["ratio"])
+        if pair.get("lo") is None or pair.get("hi") is None:
+            return shown
+        shown = f"{shown} [{fmt(pair['lo'])}, {fmt(pair['hi'])}]" + ("" if pair.get("paired", True) else " unpaired")
+        return against_control((pair["lo"], pair["hi"]), (1.0, 1.0), shown, higher_is_better=False)
+
+    rows = [[s.label] + [cell(s, L) for L in past] for s in g.series if any(s.control(L) for L in past)]
+    if not past or not rows:
+        return []
+    return [
+        "### Against its own window-L control (paired, on the same windows)",
+        "",
+        f"Does a run use the context past L_train = {L0}? Its PPL over its own model's with attention cut to the "
+        f"last {L0} keys (the window-L control, evaluated on the run's own weights), with the 95% paired bootstrap "
+        f"interval over the windows both scored: **yes** where the interval lies below 1, no where above, tied "
+        f"where it holds 1. The interval is the text's noise for this one trained model; across seeds see above.",
         "",
         markdown_table(["run"] + [f"{L} ({L / L0:g}×)" for L in past], rows),
         "",

@@ -11,8 +11,8 @@ from rope_lm.compare.labels import NOT_A_SETTING, flat_settings
 from rope_lm.compare.ppl_series import GroupKey, Run, Series
 from rope_lm.compare.result_files import files_named, short_path
 from rope_lm.core.errors import ConfigError
-from rope_lm.eval.results import RESULTS_JSON
-from rope_lm.runs.run_settings import settings_key
+from rope_lm.eval.results import CONTROLS_SETTING, RESULTS_JSON
+from rope_lm.runs.run_settings import settings_key, without
 from rope_lm.runs.sweep import job_dirs, sweep_jobs
 from rope_lm.train_positions import train_positions_label
 
@@ -94,7 +94,10 @@ def load_run(path: str) -> Run:
     by_method = {}
     for row in results["results"]:
         by_method.setdefault(row["method"], {})[int(row["length"])] = row
-    config = results.get("config") or {}
+    # Controls add rows on the same weights: runs that differ in them are the same experiment (seed replicas).
+    config = without(results.get("config") or {}, [CONTROLS_SETTING])
+    if config.get("eval") == {}:  # held the controls alone
+        del config["eval"]
     seed = config.get("seed")
     setting = settings_key(config, NOT_A_SETTING)
     run.series = [
@@ -147,6 +150,25 @@ def reference_row(row: dict) -> bool:
 
 CSV_NAME = "compare.csv"
 CSV_FLOATS = ("ppl", "ppl_lo", "ppl_hi", "ppl_rel_lo", "ppl_rel_hi", "ppl_within", "ppl_beyond", "loss")
+
+
+def csv_control(r: dict) -> dict:
+    """A compare.csv row's control columns (ppl_csv.CONTROL_COLUMNS) as the `controls` entry of a result
+    row, or {} where it has none."""
+    name, ratio = r.get("control") or "", csv_number(r.get("control_ratio"))
+    if not name or ratio is None:
+        return {}
+    paired = r.get("control_paired")
+    return {
+        "controls": {
+            name: {
+                "ratio": ratio,
+                "lo": csv_number(r.get("control_ratio_lo")),
+                "hi": csv_number(r.get("control_ratio_hi")),
+                "paired": None if paired in ("", None) else paired == "True",
+            }
+        }
+    }
 
 
 def csv_spec(path: str) -> tuple[str, list[str] | None] | None:
@@ -225,6 +247,7 @@ def load_csv_runs(path: str, labels: list[str] | None = None) -> list[Run]:
             documents=int(float(r["documents"])) if r.get("documents") else None,
             protocol=r.get("protocol") or "stream",
             length=int(r["length"]),
+            **csv_control(r),
         )
         series.rows[int(r["length"])] = row
     for run in runs.values():

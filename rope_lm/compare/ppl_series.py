@@ -13,6 +13,12 @@ mean ± sd across seeds per length, the per-seed values kept. Rows are "within
 noise" of each other when their noise intervals overlap: a single run's 95%
 bootstrap interval, or an aggregate's seed spread mean ± 2 sd
 (docs/studies.md).
+
+A run evaluated with controls (eval.controls) records in each row its PPL over
+the control's on the same windows (Series.control). Over seeds, that ratio's
+log, and the log ratio of two aggregates' PPLs paired by seed (seed_pairs),
+get a t-interval over the seeds (noise.seed_interval): a difference that
+includes training noise.
 """
 
 from dataclasses import dataclass, field
@@ -20,7 +26,7 @@ import math
 import os
 import re
 
-from rope_lm.compare.noise import within_noise
+from rope_lm.compare.noise import HOLDS, WINDOW_CONTROL, seed_interval, seed_verdict, within_noise
 
 
 @dataclass(frozen=True)
@@ -72,6 +78,12 @@ class Series:
             return None
         return row["ppl_lo"], row["ppl_hi"]
 
+    def control(self, length, name: str = WINDOW_CONTROL) -> dict | None:
+        """{ratio, lo, hi, paired, ...}: this series' PPL over its own run's control's at a length, on the
+        same windows, as the evaluation recorded it; None where it recorded none."""
+        pair = ((self.rows.get(length) or {}).get("controls") or {}).get(name)
+        return pair if pair and pair.get("ratio") is not None else None
+
 
 @dataclass
 class SeedAggregate:
@@ -111,6 +123,22 @@ class SeedAggregate:
     def ppl(self, length):
         st = self.stats(length)
         return None if st is None else st["mean"]
+
+    def control_log_ratios(self, length, name: str = WINDOW_CONTROL) -> dict:
+        """seed -> ln(PPL / its own run's control's PPL) on the same windows, for the seeds that recorded it."""
+        out = {}
+        for s in self.members:
+            pair = s.control(length, name)
+            if pair is not None and pair["ratio"] > 0:
+                out[s.seed] = math.log(pair["ratio"])
+        return out
+
+    def control_stats(self, length, name: str = WINDOW_CONTROL) -> dict | None:
+        """The per-seed log ratios to the control: mean, sd, 95% t-interval (noise.seed_interval), the
+        verdict (noise.seed_verdict) and the values; None with fewer than two seeds."""
+        values = self.control_log_ratios(length, name)
+        st = seed_interval(values.values())
+        return None if st is None else {**st, "values": values, "verdict": seed_verdict(st)}
 
     def noise(self, length) -> tuple[float, float] | None:
         st = self.stats(length)
@@ -177,6 +205,40 @@ class Group:
         if best.noise(length) is None:
             return None
         return best, {id(r) for r in rows if within_noise(best.noise(length), r.noise(length))}
+
+
+def seed_pair(a: SeedAggregate, b: SeedAggregate, length) -> dict | None:
+    """a against b at a length over the seeds both ran: per seed s, ln(PPL_a,s / PPL_b,s) (the same windows:
+    one group), paired by seed; mean, sd, 95% t-interval (noise.seed_interval), verdict and the values; None
+    with fewer than two common seeds."""
+    va, vb = a.values(length), b.values(length)
+    values = {k: math.log(va[k] / vb[k]) for k in va if k in vb and va[k] > 0 and vb[k] > 0}
+    st = seed_interval(values.values())
+    return None if st is None else {**st, "values": values, "verdict": seed_verdict(st)}
+
+
+def seed_pairs(g: Group) -> list[tuple]:
+    """(a, b) for every two seed aggregates of a group that are not controls, in table order."""
+    aggs = [a for a in g.seed_aggregates() if a.method != WINDOW_CONTROL]
+    return [(a, b) for i, a in enumerate(aggs) for b in aggs[i + 1 :]]
+
+
+def control_verdict(st: dict | None) -> str | None:
+    """Where a seed aggregate stands against its own control at a length, over seeds."""
+    if st is None:
+        return None
+    if st["verdict"] != HOLDS:
+        return st["verdict"]
+    return "below the control" if st["hi"] < 0 else "above the control"
+
+
+def pair_verdict(st: dict | None) -> str | None:
+    """Where the first of a seed pair stands against the second at a length, over seeds."""
+    if st is None:
+        return None
+    if st["verdict"] != HOLDS:
+        return st["verdict"]
+    return "a lower" if st["hi"] < 0 else "a higher"
 
 
 def relative(s: Series, L: int):

@@ -159,6 +159,23 @@ def ratio_interval(a: Units, b: Units, resamples: int, seed: int, length: int) -
     return {"ppl_rel_lo": lo, "ppl_rel_hi": hi, "ppl_rel_paired": False}
 
 
+def paired_ratio(a: Units, b: Units, ppl_a: float, ppl_b: float, resamples: int, seed: int, length: int) -> dict:
+    """ppl_a / ppl_b of two evaluations at one length (two methods, or a method
+    and its control, on one model), with ratio_interval's 95% interval: paired
+    over the units both were scored on where they coincide or nest, so the
+    difficulty of the text they share is no noise; `paired` says which, `units`
+    how many units were resampled together (None when not paired)."""
+    common = pair(a, b)
+    ci = ratio_interval(a, b, resamples, seed, length)
+    return {
+        "ratio": ppl_a / ppl_b,
+        "lo": ci.get("ppl_rel_lo"),
+        "hi": ci.get("ppl_rel_hi"),
+        "paired": common is not None,
+        "units": len(common[0]) if common is not None else None,
+    }
+
+
 def mean_interval(values, resamples: int, seed: int, *salt: int) -> tuple[float, float] | tuple[None, None]:
     """95% percentile interval of the mean of per-item values (e.g. 0/1
     exact-match outcomes of independent instances, the unit resampled);

@@ -106,6 +106,7 @@ def markdown_table(results: dict) -> str:
     ]
     if any(r.get("ppl_rel") is not None for r in rows):
         out += ["", f"## PPL relative to the same method's PPL at L_train = {train_len}", "", table("ppl_rel")]
+    out += _control_sections(results, methods, lengths, columns, by)
     if any("sliding" in r for r in rows):
         out += [
             "",
@@ -126,6 +127,38 @@ def markdown_table(results: dict) -> str:
         ),
     ]
     return "\n".join(out) + "\n"
+
+
+def _control_sections(results: dict, methods: list, lengths: list, columns: list, by: dict) -> list[str]:
+    """Per control: each method's PPL over the control's at every length, with its paired interval; a control
+    that does not apply to this model says why."""
+    out = []
+    for name, control in (results.get("controls") or {}).items():
+        if not control.get("applies"):
+            out += ["", f"Control `{name}` not evaluated: {control.get('reason')}."]
+            continue
+        shown = [m for m in methods if m != control["label"]]
+
+        def cell(m, L, name=name):
+            pair = ((by.get((m, L)) or {}).get("controls") or {}).get(name)
+            if pair is None:
+                return ""
+            v = _fmt_ci({"r": pair["ratio"], "r_lo": pair.get("lo"), "r_hi": pair.get("hi")}, "r")
+            return v if pair.get("paired", True) else f"{v} (unpaired)"
+
+        if not shown or not any(cell(m, L) for m in shown for L in lengths):
+            continue
+        out += [
+            "",
+            f"## PPL over the {name} control's on the same windows (`{control['label']}`)",
+            "",
+            f"The control is {control.get('about', name)}, evaluated on this model. Below 1: the method reads the "
+            f"text better than the model cut to L; brackets: 95% paired bootstrap interval over the windows both "
+            f"were scored on.",
+            "",
+            tables.markdown_table(columns, [[m] + [cell(m, L) for L in lengths] for m in shown]),
+        ]
+    return out
 
 
 def positive(v) -> bool:

@@ -12,6 +12,11 @@ RESULTS_JSON = "results.json"
 RESULTS_MD = "results.md"
 RESULTS_PNG = "ppl_vs_length.png"
 
+# The setting that names a run's controls (rope_lm.runs.eval_run.CONTROLS): methods evaluated on the run's
+# own final weights after its own, adding rows and never changing them. A run given more of them is the same
+# experiment (a study continues it, evaluating only the missing controls) and the same seed replica.
+CONTROLS_SETTING = "eval.controls"
+
 
 def git_commit() -> str | None:
     """The library's commit, `-dirty` when tracked files changed; None outside a git checkout."""
@@ -38,7 +43,11 @@ def new_results(config: dict, corpus: dict, train_len: int, scheme: str, **extra
     a comparison), the run's settings and `extra` (e.g. status); `methods`
     (label -> its options) and `results` (one row per method and length:
     ppl, its interval, per-position loss, ...) are filled in as the
-    evaluation goes (rope_lm.runs.eval_run)."""
+    evaluation goes (rope_lm.runs.eval_run). With controls, `controls` (name ->
+    its label, options and whether it applies to this model) is added, and each
+    row of a method that is not a control gets `controls`: name -> {ratio, lo,
+    hi, paired, units}, its PPL over the control's at that length on the same
+    windows."""
     return {
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "git_commit": git_commit(),

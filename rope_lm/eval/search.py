@@ -226,17 +226,14 @@ def final_config(cfg: EvalConfig, tokens: int, bootstrap: int, seed: int) -> Eva
 def paired_ratios(rows: dict, units: dict, resamples: int, seed: int, target: int) -> dict:
     """ "<a> / <b>": {ratio, lo, hi} of test PPLs for each later setting a
     against each earlier b (none, defaults, searched), the interval from the
-    paired bootstrap over the windows both were scored on: two settings whose
-    own intervals overlap can still differ beyond the noise of the difference."""
+    paired bootstrap over the windows both were scored on (bootstrap.paired_ratio):
+    two settings whose own intervals overlap can still differ beyond the noise of
+    the difference."""
     from rope_lm.eval import bootstrap
 
     labels, out = list(rows), {}
     for i, a in enumerate(labels):
         for b in labels[:i]:
-            ci = bootstrap.ratio_interval(units[a], units[b], resamples, seed, target)
-            out[f"{a} / {b}"] = {
-                "ratio": rows[a]["ppl"] / rows[b]["ppl"],
-                "lo": ci.get("ppl_rel_lo"),
-                "hi": ci.get("ppl_rel_hi"),
-            }
+            r = bootstrap.paired_ratio(units[a], units[b], rows[a]["ppl"], rows[b]["ppl"], resamples, seed, target)
+            out[f"{a} / {b}"] = {k: r[k] for k in ("ratio", "lo", "hi")}
     return out

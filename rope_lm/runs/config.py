@@ -23,6 +23,7 @@ from rope_lm.eval.evaluation import EvalConfig
 from rope_lm.model.layout import UNRESOLVED, LayerSpec
 from rope_lm.model.transformer import ModelConfig, check_fit
 from rope_lm.positional import SCHEMES
+from rope_lm.runs.eval_run import control_options, eval_settings
 from rope_lm.scaling import METHODS
 from rope_lm.train.lit import OptimConfig, check_train_positions
 from rope_lm.train.loggers import check_options as check_logger
@@ -57,6 +58,8 @@ class RunConfig:
     study: dict = field(default_factory=dict)
     existing: str = "refuse"  # what a run does with a folder that holds a run already (EXISTING)
     lengths: list[int] = field(default_factory=list)  # evaluation lengths, resolved once
+    # eval.controls, checked (runs.eval_run.CONTROLS): evaluated on the final weights after the run's own method.
+    controls: list[str] = field(default_factory=list)
     # model.layout under `pos`, one spec per layer (None: no layout), resolved once (ModelConfig.resolve): what
     # builds the model (LitLM, open_model, the memory plan) and checks it takes, instead of resolving it again.
     # UNRESOLVED only in a RunConfig made without resolve_run: then what builds the model resolves it.
@@ -76,7 +79,7 @@ class RunConfig:
         )
 
 
-TOP_LEVEL = {f.name for f in fields(RunConfig)} - {"source", "lengths", "layers", "raw"}
+TOP_LEVEL = {f.name for f in fields(RunConfig)} - {"source", "lengths", "layers", "raw", "controls"}
 
 
 # --- the run --------------------------------------------------------------------
@@ -109,7 +112,7 @@ def resolve_run(cfg: dict) -> RunConfig:
 
     trainer = trainer_config(cfg.get("trainer") or {})
 
-    eval_cfg = typed_dataclass(EvalConfig, cfg.get("eval") or {}, "eval.", "eval")
+    eval_cfg, controls = eval_settings(cfg.get("eval"))
     optim = typed_dataclass(OptimConfig, cfg.get("optim") or {}, "optim.", "optim")
     model = typed(
         cfg.get("model") or {}, dataclass_annotations(ModelConfig, DERIVED_MODEL_KEYS), "model.", "model", free={"name"}
@@ -138,6 +141,7 @@ def resolve_run(cfg: dict) -> RunConfig:
         logger=logger,
         train_pos=train_pos,
         raw=cfg,
+        controls=controls,
         **top,
     )
     run.lengths = eval_cfg.resolve_lengths(data.seq_len)
@@ -146,6 +150,10 @@ def resolve_run(cfg: dict) -> RunConfig:
     run.layers = mcfg.resolve(pos)
     if not run.init_from:  # a fine-tune runs at the checkpoint's L: load_init_from checks it with that
         check_fit(mcfg, pos, scaling, max(run.lengths + [data.seq_len]), run.layers)
+        if scaling["name"] == "none":  # a control applies to a model trained under no method (eval_run.plan_controls)
+            for name in controls:
+                control = control_options(name, data.seq_len, data.seq_len)
+                check_fit(mcfg, pos, control, max(run.lengths + [data.seq_len]), run.layers)
         check_train_positions(mcfg, pos, train_pos, data.seq_len, run.layers)
     if trainer.sharded:
         from rope_lm.train.sharding import check_shardable

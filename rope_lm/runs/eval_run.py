@@ -1,8 +1,13 @@
 """An evaluation into a results folder: a model's PPL at every length under
 each extrapolation method, with results.json / results.md / the plot
 rewritten after every length, for the final evaluation of a train run and
-for scripts/eval_extrapolation.py (a trained checkpoint or an imported model)."""
+for scripts/eval_extrapolation.py (a trained checkpoint or an imported model).
 
+Controls (`eval.controls`, CONTROLS): methods evaluated on the same model and
+the same windows after its own, each method's PPL read against theirs with a
+paired bootstrap interval (eval/bootstrap.paired_ratio), recorded per length."""
+
+from dataclasses import dataclass, replace
 import logging
 import math
 import os
@@ -13,6 +18,7 @@ from rope_lm.core.files import fresh_dir
 from rope_lm.core.stops import signal_status, signals_stop
 from rope_lm.core.typed import typed, typed_component, typed_dataclass
 from rope_lm.data.split import DATA_ANNOTATIONS
+from rope_lm.eval import bootstrap
 from rope_lm.eval.evaluation import EvalConfig, eval_summary, evaluate_lengths
 from rope_lm.eval.report import log_to_wandb, write_views
 from rope_lm.eval.results import RESULTS_JSON, new_results
@@ -22,6 +28,102 @@ from rope_lm.runs.trained import checkpoint_token_cache, open_model, output_home
 from rope_lm.scaling import METHODS, method_label
 
 log = logging.getLogger("rope_lm")
+
+# The controls a run can be read against (eval.controls), each valid for every scheme family.
+CONTROLS = {
+    "window": (
+        "the window method at the training length L: attention cut to the last L keys, so the same model reads "
+        "nothing past L (ALiBi cut to L, NoPE cut to L, ...)"
+    ),
+}
+
+
+def check_controls(value) -> list[str]:
+    """eval.controls as a list of known control names ([] for none)."""
+    if value is None:
+        return []
+    if isinstance(value, str) or not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+        raise ConfigError(
+            f"eval.controls={value!r} must be a list of control names: eval.controls=[window] evaluates "
+            f"{CONTROLS['window']}, after the run's own method(s); [] evaluates none."
+        )
+    unknown = [v for v in value if v not in CONTROLS]
+    if unknown or len(set(value)) != len(value):
+        what = f"{', '.join(unknown)} is not a control" if unknown else "a control is listed twice"
+        raise ConfigError(
+            f"eval.controls={list(value)!r}: {what}. The controls are: "
+            + "; ".join(f"{k} ({v})" for k, v in CONTROLS.items())
+            + ". E.g. eval.controls=[window]."
+        )
+    return list(value)
+
+
+def eval_settings(options: dict | None) -> tuple[EvalConfig, list[str]]:
+    """The eval.* settings as the evaluation (EvalConfig) and the controls
+    (eval.controls), each checked; the controls are the runs' business, not
+    the protocol's, so they are taken out before EvalConfig sees the rest."""
+    options = dict(options or {})
+    controls = check_controls(options.pop("controls", None))
+    return typed_dataclass(EvalConfig, options, "eval.", "eval"), controls
+
+
+def control_options(name: str, train_len: int, model_train_len: int) -> dict:
+    """The method a control evaluates. The window's "auto" is the model's own
+    training length; a fine-tune's results record the length it was tuned at,
+    the L its table reads, so there the window is that length, given as such."""
+    if name != "window":
+        raise ValueError(f"unknown control {name!r}")
+    return {"name": "window", "window": "auto" if train_len == model_train_len else int(train_len)}
+
+
+@dataclass
+class Control:
+    name: str
+    label: str  # its rows' method label in results.json
+    options: dict | None  # None: it does not apply to this model (reason says why)
+    listed: bool = False  # the evaluation lists this very method: its rows are the control's
+    reason: str = ""
+
+    def record(self) -> dict:
+        if self.options is None:
+            return {"label": self.label, "applies": False, "reason": self.reason}
+        return {"label": self.label, "applies": True, "options": self.options, "about": CONTROLS[self.name]}
+
+
+def plan_controls(model, controls: list[str], methods: list, train_len: int, longest: int) -> list[Control]:
+    """Each control as it applies to `model`, whose scaling is the method it
+    was trained under: a model trained under a method other than none is not
+    this model cut to L once the control replaces that method, so there the
+    control does not apply (recorded with why). A control that does not fit
+    the longest length, or a listed method that shares its label without
+    being it, is refused before any work."""
+    trained, out = model.scaling, []
+    for name in controls:
+        options = control_options(name, train_len, model.cfg.train_len)
+        label = method_label(options)
+        if trained.name != "none":
+            reason = (
+                f"the model was trained under scaling={trained.label}; the {name} control replaces the model's "
+                f"method, so it would not read this model cut to L"
+            )
+            out.append(Control(name, label, None, reason=reason))
+            continue
+        listed = [m for m in methods if method_label(m) == label]
+        if listed:
+            window = listed[0].get("window", "auto")
+            if (model.cfg.train_len if window == "auto" else window) != train_len:
+                raise ConfigError(
+                    f"scaling lists {label} with window={window}, which shares its label with the window-L control "
+                    f"of eval.controls=[{name}] (window = L = {train_len}) without being it: list the window at L "
+                    f"(it then serves as the control), or drop {name} from eval.controls."
+                )
+        try:
+            model.set_scaling(options)
+            model.validate_length(longest)
+        finally:
+            model.set_scaling(trained)
+        out.append(Control(name, label, options, listed=bool(listed)))
+    return out
 
 
 def evaluate_and_report(
@@ -33,12 +135,21 @@ def evaluate_and_report(
     results: dict,
     wandb_run=None,
     finish: str = "",
+    controls: list[str] = (),
 ) -> dict:
-    """ppl@L for each extrapolation method in turn; the results files are
-    rewritten after every length so a stop keeps what was measured. Methods
-    whose rows `results` already holds in full (an evaluation finished with
-    existing=continue) are kept, not measured again. A stop (SIGTERM, Ctrl-C)
-    raises Interrupted saying what was kept and, with `finish`, how to finish."""
+    """ppl@L for each extrapolation method in turn, then for each control
+    (`controls`, names of CONTROLS) on the same model and windows; the results
+    files are rewritten after every length so a stop keeps what was measured.
+    `model` comes as trained: its scaling is the method it was trained under
+    (which decides whether a control applies). Methods whose rows `results`
+    already holds in full (an evaluation finished with existing=continue, or a
+    control added to a complete run) are kept, not measured again. Each row of
+    a method that is not a control gets its PPL over each control's at that
+    length with a paired bootstrap interval over the windows both were scored
+    on (rows kept from an earlier sitting are scored once more for their
+    per-window losses, which results.json does not hold). A stop (SIGTERM,
+    Ctrl-C) raises Interrupted saying what was kept and, with `finish`, how to
+    finish."""
     original = model.scaling
     stream = cache.tokens(eval_cfg.split)
     lengths = eval_cfg.resolve_lengths(results["train_len"])
@@ -54,36 +165,60 @@ def evaluate_and_report(
             ", ".join(scored),
         )
     results["eval"] = eval_summary(eval_cfg, len(stream), doc_starts, results["train_len"])
+    planned = plan_controls(model, list(controls), methods, results["train_len"], max(lengths))
+    applied = [c for c in planned if c.options is not None]
+    everything = list(methods) + [c.options for c in applied if not c.listed]
+    if planned:
+        results["controls"] = {c.name: c.record() for c in planned}
     expected = len(results["eval"]["lengths"]) - len(results["eval"].get("skipped_lengths") or [])
     kept = {label for label in results["methods"] if sum(r["method"] == label for r in results["results"]) >= expected}
     results["methods"] = {k: v for k, v in results["methods"].items() if k in kept}
     results["results"] = [r for r in results["results"] if r["method"] in kept]
+    pairing = _Pairing(results, applied, eval_cfg)
+    still = {c.name for c in applied if c.label in kept}
+    for row in results["results"]:  # a control measured anew is paired anew
+        if row.get("controls"):
+            row["controls"] = {k: v for k, v in row["controls"].items() if k in still}
+        if "controls" in row and not row["controls"]:
+            del row["controls"]
     # "complete" only once every method and length is in: a stop part-way leaves "evaluating".
     results["status"] = Status.EVALUATING
     label = None
     try:
         with signals_stop():
-            for i, options in enumerate(methods):
+            for i, options in enumerate(everything):
                 model.set_scaling(options)
                 label = model.scaling.label
                 if label in kept:
                     log.info("[%s] kept from the earlier evaluation in %s", label, out_dir)
                     continue
                 results["methods"][label] = {"options": options, **model.describe_scaling(max(lengths))}
+                if label in pairing.control_labels:
+                    results["methods"][label]["control"] = pairing.control_labels[label]
+                units = pairing.units.setdefault(label, {})
 
                 def on_result(row, label=label):
                     row = {"method": label, **row}
                     results["results"].append(row)
+                    pairing.pair(label, row["length"])
                     write_views(results, out_dir, draw=False)
                     extra = f", beyond L_train {row['ppl_beyond']:.3f}" if row["ppl_beyond"] else ""
                     log.info("ppl@%d [%s] = %.3f%s", row["length"], label, row["ppl"], extra)
 
                 started = time.perf_counter()
-                evaluate_lengths(model, stream, eval_cfg, results["train_len"], on_result, doc_starts=doc_starts)
+                evaluate_lengths(
+                    model, stream, eval_cfg, results["train_len"], on_result, doc_starts=doc_starts, units_out=units
+                )
                 # Wall time of the method's whole evaluation (all lengths), on this machine as it was loaded.
                 results["methods"][label]["seconds"] = round(time.perf_counter() - started, 2)
-                if i < len(methods) - 1:
+                if i < len(everything) - 1:
                     write_views(results, out_dir)
+            for label in pairing.unpaired():  # rows kept from an earlier sitting: their windows scored again
+                log.info("[%s] scoring its windows again for the paired ratios to its controls", label)
+                model.set_scaling(results["methods"][label]["options"])
+                pairing.units[label] = pairing.rescore(model, stream, results["train_len"], doc_starts, label)
+                for L in lengths:
+                    pairing.pair(label, L)
             broken = _not_finite(results)
             if broken:
                 results["status"] = Status.FAILED
@@ -94,12 +229,78 @@ def evaluate_and_report(
             if broken:
                 raise EvaluationNotFinite(broken)
     except KeyboardInterrupt as e:
-        raise Interrupted(_stopped(results, label, expected, len(methods), out_dir, finish), signal_status(e)) from None
+        raise Interrupted(
+            _stopped(results, label, expected, len(everything), out_dir, finish), signal_status(e)
+        ) from None
     finally:
         model.set_scaling(original)
     if wandb_run is not None:
         log_to_wandb(wandb_run, results, out_dir)
     return results
+
+
+class _Pairing:
+    """Each method's rows against each control's at the same length: the PPL
+    ratio with its paired bootstrap interval, from both evaluations' units
+    (per-window loss sums) held for this sitting."""
+
+    def __init__(self, results: dict, controls: list[Control], eval_cfg: EvalConfig):
+        self.results, self.eval_cfg = results, eval_cfg
+        self.control_labels = {c.label: c.name for c in controls}
+        self.units: dict = {}  # label -> length -> bootstrap.Units
+
+    def _row(self, label: str, length: int) -> dict | None:
+        return next((r for r in self.results["results"] if r["method"] == label and r["length"] == length), None)
+
+    def pair(self, label: str, length: int) -> None:
+        """Record every pair the new row of `label` at `length` completes."""
+        if label in self.control_labels:
+            pairs = [(m, label) for m in self.results["methods"] if m not in self.control_labels]
+        else:
+            pairs = [(label, c) for c in self.control_labels]
+        for method, control in pairs:
+            row, ref = self._row(method, length), self._row(control, length)
+            a, b = self.units.get(method, {}).get(length), self.units.get(control, {}).get(length)
+            if row is None or ref is None or a is None or b is None:
+                continue
+            cfg = self.eval_cfg
+            ratio = bootstrap.paired_ratio(a, b, row["ppl"], ref["ppl"], cfg.bootstrap, cfg.seed, length)
+            row.setdefault("controls", {})[self.control_labels[control]] = ratio
+
+    def unpaired(self) -> list[str]:
+        """Methods or controls kept from an earlier sitting whose rows still lack a pair (so whose units are
+        not held): the ones to score again."""
+        missing = set()
+        for method in self.results["methods"]:
+            if method in self.control_labels:
+                continue
+            for control, name in self.control_labels.items():
+                for row in self.results["results"]:
+                    if row["method"] == method and name not in (row.get("controls") or {}):
+                        if self._row(control, row["length"]) is None:
+                            continue
+                        missing |= {x for x in (method, control) if x not in self.units}
+        return sorted(missing, key=list(self.results["methods"]).index)
+
+    def rescore(self, model, stream, train_len: int, doc_starts, label: str) -> dict:
+        """The units of `label`'s evaluation, scored again (no intervals, no extra sliding pass); its kept rows
+        stay as they were, and a PPL that differs from them is said."""
+        units: dict = {}
+        cfg = self.eval_cfg
+        quick = replace(cfg, bootstrap=0, sliding_stride=None if cfg.protocol == "stream" else cfg.sliding_stride)
+        rows = evaluate_lengths(model, stream, quick, train_len, doc_starts=doc_starts, units_out=units)
+        for row in rows:
+            kept = self._row(label, row["length"])
+            if kept is not None and not math.isclose(kept["ppl"], row["ppl"], rel_tol=1e-3):
+                log.warning(
+                    "[%s] ppl@%d scored again is %.4f where the kept row has %.4f: the paired ratio's interval "
+                    "comes from the new scoring",
+                    label,
+                    row["length"],
+                    row["ppl"],
+                    kept["ppl"],
+                )
+        return units
 
 
 def _not_finite(results: dict) -> str | None:
@@ -152,15 +353,18 @@ def evaluate_checkpoint(
     corpus defaults to the checkpoint's own (data.* for an imported model),
     tokenized with the tokenizer the model carries. Every setting is checked
     before a folder is made."""
-    eval_cfg = typed_dataclass(EvalConfig, eval_options, "eval.", "eval")
+    eval_cfg, controls = eval_settings(eval_options)
     data_overrides = typed(data_overrides or {}, DATA_ANNOTATIONS, "data.", "data")
     methods = [typed_component(METHODS, m or {"name": "none"}, "scaling") for m in methods]
     trained = open_model(f"hf:{hf}" if hf else ckpt_path, device)
     hp, model = trained.hparams, trained.model
     lengths = eval_cfg.resolve_lengths(model.cfg.train_len)
+    as_trained = model.scaling  # the method the model was trained under: decides whether a control applies
     for options in methods:  # refuse a method that does not fit before any work
         model.set_scaling(options)
         model.validate_length(max(lengths))
+    model.set_scaling(as_trained)
+    plan_controls(model, controls, methods, model.cfg.train_len, max(lengths))  # the controls too
     labels = [method_label(m) for m in methods]
     imported = trained.path[len("hf:") :] if trained.path.startswith("hf:") else None  # hf= or ckpt=hf:...
     config = {
@@ -220,7 +424,7 @@ def evaluate_checkpoint(
         f"(the complete methods are kept)."
     )
     try:
-        return evaluate_and_report(model, cache, eval_cfg, methods, out_dir, results, finish=finish)
+        return evaluate_and_report(model, cache, eval_cfg, methods, out_dir, results, finish=finish, controls=controls)
     except OutputError as e:  # a full disk part-way: results.json keeps what it could record before
         if not os.path.exists(folder.file(RESULTS_JSON)):
             raise e.reworded(setting="out=") from None
@@ -249,6 +453,9 @@ def _check_same_evaluation(earlier: dict, config: dict, out_dir: str) -> None:
             f"the checkpoint that evaluation read."
         )
     skip = {"model_identity", "ckpt_path"} if by_content else {"model_identity"}
+    for side in (before, now):  # controls add rows on the same model: one added to a finished evaluation is evaluated
+        if isinstance(side.get("eval"), dict):
+            side["eval"] = {k: v for k, v in side["eval"].items() if k != "controls"}
     if by_content:  # the corpus's name is made from the model's path (a label): the corpus itself must match
         for side in (before, now):
             if isinstance(side.get("data"), dict):

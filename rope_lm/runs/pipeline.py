@@ -9,6 +9,7 @@ resolved layer specs (RunConfig.layers), not resolved again.
 """
 
 import dataclasses
+import json
 import logging
 import os
 import signal
@@ -16,11 +17,12 @@ import sys
 
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+from rope_lm.core.errors import ConfigError, RopeLMError
 from rope_lm.data.loaders import LMDataModule
 from rope_lm.data.token_cache import prepare
 from rope_lm.eval.evaluation import eval_summary
 from rope_lm.eval.report import write_views
-from rope_lm.eval.results import new_results
+from rope_lm.eval.results import CONTROLS_SETTING, new_results
 from rope_lm.model.layout import scheme_label
 from rope_lm.runs.config import RunConfig, resolve_run
 from rope_lm.runs.eval_run import evaluate_and_report
@@ -32,13 +34,16 @@ from rope_lm.runs.run_folder import (
     RunFolder,
     Skip,
     Status,
+    as_record,
     check_writable,
+    from_record,
     hand_to_ranks,
     rank_zero_claim,
 )
-from rope_lm.runs.run_settings import BOOKKEEPING
+from rope_lm.runs.run_settings import BOOKKEEPING, settings_differences
 from rope_lm.runs.trained import open_model
 from rope_lm.scaling import method_label
+from rope_lm.train import distributed
 from rope_lm.train.checkpointing import check_resumable, resolve_checkpoint
 from rope_lm.train.lit import LitLM
 from rope_lm.train.trainer import build_trainer, trainer_kwargs, wandb_run
@@ -53,17 +58,21 @@ def train_in_folder(config: dict, out_dir: str, where: str) -> dict | None:
     evaluated there, and results.md printed. `where` names the folder in
     messages and the logger's run. A user error is recorded in the folder
     (run_folder.record_failure) and raised on. Returns {"skipped": why}
-    where existing=continue finds nothing to do."""
+    where existing=continue finds nothing to do. In a job a launcher
+    started (torchrun, srun: train/distributed.py) every process meets the
+    others first, and only global rank 0 claims the folder and writes."""
     from rope_lm.core.errors import Interrupted, OutputError, RopeLMError
     from rope_lm.eval.results import RESULTS_MD
     from rope_lm.runs.run_folder import describe, record_failure
     from rope_lm.train.loggers import build_logger, finish
 
     folder = None
+    job = distributed.launched_job()
+    other = distributed.is_other_rank(job)  # writes nothing of the run's own: rank 0 does
     try:
-        run = resolve_run(config)  # every setting checked once, before any work
-        folder, start = claim_train(run, out_dir)  # the folder is this run's before anything is written there
-        if run.existing == "continue":
+        run = _resolve_in_job(config, out_dir, job)  # every setting checked once, before any work
+        folder, start = claim_train(run, out_dir, job)  # the folder is this run's before anything is written there
+        if run.existing == "continue" and not other:
             print(f"rope-lm: {where}: {describe(start)} (existing=continue).", file=sys.stderr)
         if isinstance(start, Skip):
             return {"skipped": start.reason}
@@ -75,15 +84,20 @@ def train_in_folder(config: dict, out_dir: str, where: str) -> dict | None:
     except Interrupted:
         raise  # what was kept, and how to finish, is the message; the folder says "evaluating"
     except RopeLMError as e:
-        record_failure(out_dir, config, e, folder)
+        distributed.owe(job, e)  # the job's other processes, waiting for this one, stop with its paragraph
+        if not other:
+            record_failure(out_dir, config, e, folder)
         if isinstance(e, OutputError):  # a full or unwritable disk: how to go on depends on what was kept
             raise _after_write_failure(e, out_dir) from None
+        raise
+    except BaseException as e:
+        distributed.owe(job, e)
         raise
     finally:
         if folder is not None:  # a multirun's next job goes on in this process: its folder is free again
             folder.release()
     md = os.path.join(out_dir, RESULTS_MD)
-    if os.path.exists(md):
+    if os.path.exists(md) and not other:
         print("\n" + open(md).read())
         print(f"Results: {out_dir}/ (results.json, results.md, ppl_vs_length.png, checkpoints/)")
     return None
@@ -109,12 +123,17 @@ def _after_write_failure(error, out_dir: str):
     return error.reworded(then=then, **setting)
 
 
-def claim_train(run: RunConfig, out_dir: str):
+def claim_train(run: RunConfig, out_dir: str, job=None):
     """(the run's folder, what the run does there): the folder is this run's
     (or its resume's) before anything is written in it. With existing=continue
-    a finished checkpoint only needs its evaluation."""
+    a finished checkpoint only needs its evaluation. `job`: the launched job
+    this process is one of (distributed.launched_job), whose rank 0 alone
+    claims the folder and tells the others."""
+    if job is not None and job.store is not None:
+        return _claim_in_job(run, out_dir, job)
     check_writable(out_dir)
-    folder = RunFolder(out_dir, bookkeeping=BOOKKEEPING)
+    # Controls add rows on the final weights and change none: a run given more of them is the same run.
+    folder = RunFolder(out_dir, bookkeeping=BOOKKEEPING | {CONTROLS_SETTING})
     joined = rank_zero_claim(out_dir)  # another rank of a multi-device run: rank 0 holds the folder
     if joined is not None:
         return folder, joined
@@ -122,8 +141,92 @@ def claim_train(run: RunConfig, out_dir: str):
     start = folder.claim(run.raw, run.existing, ckpt, run.trainer.max_steps)
     if isinstance(start, Resume) and start.steps >= run.trainer.max_steps and run.existing == "continue":
         start = EvaluateOnly(start.ckpt, start.steps)
+    if isinstance(start, Skip) and run.existing == "continue":
+        start = _missing_controls(run, folder, start)
     hand_to_ranks(out_dir, start)
     return folder, start
+
+
+def _resolve_in_job(config: dict, out_dir: str, job) -> RunConfig:
+    """resolve_run; in a launched job, once every process has met the others and all agree on the
+    settings and the folder (train/distributed.py: a process's refusal stops every process)."""
+    trainer = config.get("trainer") or {}
+    if job is None:
+        distributed.check_launch(None, trainer)
+        return resolve_run(config)
+    timeout = distributed.rendezvous_seconds(trainer)
+    distributed.connect(job, timeout)
+    distributed.begin(job)
+    if job.rank != 0:
+        distributed.quiet_file_logs(out_dir)
+    run, error = None, None
+    try:
+        distributed.check_launch(job, trainer)
+        run = resolve_run(config)
+    except RopeLMError as e:
+        error = e
+    try:
+        distributed.meet(job, config, out_dir, error, timeout, settings_differences)
+    except ConfigError:
+        if job.rank != 0:
+            _drop_hydra_only(out_dir)  # refused before any work: a folder Hydra made for this process alone
+        raise
+    return run
+
+
+def _drop_hydra_only(out_dir: str) -> None:
+    """The folder Hydra made for a process other than rank 0, when it holds only what Hydra wrote at
+    start (.hydra/, its log) and is not the run's (each process got its own default folder)."""
+    import shutil
+
+    try:
+        names = set(os.listdir(out_dir))
+    except OSError:
+        return
+    if names and names <= {".hydra", "train.log"}:
+        shutil.rmtree(out_dir, ignore_errors=True)
+
+
+def _claim_in_job(run: RunConfig, out_dir: str, job):
+    """claim_train in a launched job: global rank 0 claims the folder and shares its decision; the
+    others take it (an evaluation of the final checkpoint is rank 0's alone)."""
+    timeout = distributed.rendezvous_seconds(run.raw.get("trainer") or {})
+    folder = RunFolder(out_dir, bookkeeping=BOOKKEEPING | {CONTROLS_SETTING})
+    if job.rank != 0:
+        start = from_record(distributed.share(job, None, None, timeout))
+        if isinstance(start, EvaluateOnly):
+            return folder, Skip("global rank 0 evaluates the final checkpoint")
+        if isinstance(start, Resume) and not os.path.isfile(start.ckpt):
+            raise ConfigError(
+                f"{job.where} cannot read the checkpoint that rank 0 resumes from, {start.ckpt}: every node of "
+                f"a job must see its run folder (hydra.run.dir on a file system all nodes share)."
+            )
+        return folder, start
+    try:
+        folder, start = claim_train(run, out_dir)  # as a process on its own claims it
+    except RopeLMError as e:
+        distributed.share(job, None, e, timeout)  # raises e, once the others know
+    distributed.share(job, as_record(start), None, timeout)
+    return folder, start
+
+
+def _missing_controls(run: RunConfig, folder: RunFolder, skip: Skip):
+    """A complete run whose results lack a control this run asks for (eval.controls added to a study after
+    it ran) is evaluated for it from its final checkpoint (EvaluateOnly; its own rows are kept), not
+    skipped; without its checkpoints (only the light files kept) it stays skipped, saying so."""
+    results = folder.read_results() or {}
+    steps = (results.get("training") or {}).get("steps")
+    if folder.state()["state"] != Status.COMPLETE or steps is None:
+        return skip  # another process holds it, or not this kind of folder
+    missing = [c for c in run.controls if c not in (results.get("controls") or {})]
+    if not missing:
+        return skip
+    if not os.path.isfile(folder.last_checkpoint):
+        return Skip(f"{skip.reason}; its control(s) {', '.join(missing)} cannot be added: its checkpoints are gone")
+    if not folder.lock():
+        return Skip("another process is running it")
+    folder.record_settings(run.raw)  # run.yaml now names the controls, as the results will
+    return EvaluateOnly(folder.last_checkpoint, int(steps))
 
 
 def train_and_evaluate(run: RunConfig | dict, out_dir: str, logger=None, claimed=None) -> dict:
@@ -162,6 +265,7 @@ def train_and_evaluate(run: RunConfig | dict, out_dir: str, logger=None, claimed
             training=training,
             **_train_positions(run),
         )
+        _keep_rows_of(results, folder.read_results(), start.steps, cache, run)
         return evaluate_and_report(
             open_model(ckpt, layers=run.layers).model,
             cache,
@@ -171,6 +275,7 @@ def train_and_evaluate(run: RunConfig | dict, out_dir: str, logger=None, claimed
             results,
             wandb_run(logger),
             finish,
+            controls=run.controls,
         )
 
     state = {}
@@ -221,6 +326,9 @@ def train_and_evaluate(run: RunConfig | dict, out_dir: str, logger=None, claimed
     )
     if logger is not None:
         logger.log_hyperparams(run.raw)
+    job = distributed.launched_job()
+    if job is not None and job.store is not None:
+        distributed.ready(job, None, trainer)  # every process prepared; the process group Lightning uses
     try:
         trainer.fit(lit, datamodule=datamodule, ckpt_path=ckpt)
     except SIGTERMException as e:  # GracefulStop already saved the checkpoint and partial results
@@ -233,8 +341,25 @@ def train_and_evaluate(run: RunConfig | dict, out_dir: str, logger=None, claimed
     if trainer.is_global_zero:
         # Under DDP/FSDP the in-memory model may be sharded; evaluate the consolidated checkpoint alone.
         model = lit.model if trainer.world_size == 1 else open_model(final, layers=run.layers).model
-        evaluate_and_report(model, cache, run.eval, [run.scaling], out_dir, results, wandb_run(logger), finish)
+        evaluate_and_report(
+            model, cache, run.eval, [run.scaling], out_dir, results, wandb_run(logger), finish, controls=run.controls
+        )
     return results
+
+
+def _keep_rows_of(results: dict, earlier: dict | None, steps: int, cache, run: RunConfig) -> None:
+    """An evaluation of the final checkpoint that an earlier sitting began or finished (stopped part-way, or
+    complete and now given a control): its rows are this checkpoint's when they were measured at the same step
+    under the same evaluation, and evaluate_and_report keeps the methods they complete."""
+    if not earlier or (earlier.get("training") or {}).get("steps") != steps:
+        return
+    split = run.eval.split
+    now = eval_summary(run.eval, len(cache.tokens(split)), cache.doc_starts(split), run.data.seq_len)
+    if earlier.get("eval") != json.loads(json.dumps(now)):  # as results.json holds it
+        return
+    results["created"] = earlier.get("created", results["created"])
+    results["methods"] = dict(earlier.get("methods") or {})
+    results["results"] = list(earlier.get("results") or [])
 
 
 def plan_memory(config: dict) -> str:
