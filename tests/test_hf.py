@@ -243,7 +243,7 @@ def edit_config(directory, **changes):
             {"rope_parameters": {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5}},
             r"partial_rotary_factor=0.5",
         ),
-        ({"rope_parameters": {"rope_type": "proportional", "rope_theta": 1e4}}, r"rope_type='proportional'"),
+        ({"rope_parameters": {"rope_type": "axial", "rope_theta": 1e4}}, r"rope_type='axial'"),
         ({"attention_bias": True}, r"attention_bias=True with mlp_bias=False"),
     ],
 )

@@ -11,7 +11,7 @@ import yaml
 
 from rope_lm.core.errors import ConfigError
 from rope_lm.model.transformer import build_model
-from rope_lm.positional import SCHEMES
+from rope_lm.positional import SCHEMES, Dims, build_scheme
 from rope_lm.scaling import METHODS
 
 BASE = {"n_layer": 2, "n_head": 4, "d_model": 64, "mlp_ratio": 2.0}
@@ -125,8 +125,6 @@ def conf(kind, name):
 
 
 def methods_for(scheme_name):
-    from rope_lm.positional import Dims, build_scheme
-
     scheme = build_scheme(conf("pos", scheme_name), Dims(64, 4, 24, 2, 16))
     return [n for n in METHODS.names() if METHODS.get(n).applies(scheme)]
 
@@ -141,8 +139,9 @@ def test_every_scheme_and_method_with_gqa_equals_the_same_model_with_repeated_he
     full_cfg = {**LLAMA, "n_kv_head": None}
     for method in methods_for(scheme):
         scaling = conf("scaling", method)
-        if method == "longrope":
-            scaling["long_factor"] = [1.0 + i for i in range(12)]
+        if method == "longrope":  # one factor per frequency: 12 for RoPE's head of 24, 24 for PoPE's
+            pairs = build_scheme(pos, Dims(64, 4, 24, 2, 16)).rotary.rot_dim // 2
+            scaling["long_factor"] = [1.0 + i for i in range(pairs)]
         torch.manual_seed(0)
         gqa = build_model(LLAMA, pos, scaling, vocab_size=300, train_len=16).eval()
         full = build_model(full_cfg, pos, scaling, vocab_size=300, train_len=16).eval()

@@ -4,12 +4,15 @@ keep rotating and the lowest are zeroed, which is not GPT-NeoX's partial rotary
 
 import pytest
 import torch
+from transformers import AutoModelForCausalLM
 
 from rope_lm.core.errors import ConfigError
-from rope_lm.hf.config import hf_config
-from rope_lm.model.transformer import ModelConfig, TransformerLM
+from rope_lm.hf import export_hf, load_hf
+from rope_lm.hf.rope_params import p_rope_to_hf
+from rope_lm.model.transformer import ModelConfig, TransformerLM, build_model
 from rope_lm.positional import Dims, PosContext, build_scheme
 from rope_lm.scaling import build_scaling
+from tests.test_hf import LLAMA_SHAPED, VOCAB, assert_parity, randomize, save_hf
 
 DIMS = Dims(d_model=64, n_head=4, head_dim=16, n_layer=2, train_len=32)
 BASE = 10000.0
@@ -86,7 +89,39 @@ def test_out_of_range_is_one_paragraph(p):
         build_scheme({"name": "rope", "p_rope": p}, DIMS)
 
 
-def test_export_refuses_p_rope():
-    with pytest.raises(ConfigError, match="p_rope"):
-        hf_config(model(p_rope=0.5))
-    hf_config(model())  # full RoPE still exports
+# --- transformers' rope_type "proportional" (import and export) ---
+
+
+@pytest.mark.parametrize("p,factor", [(0.75, None), (0.5, 2.0), (0.35, None)])
+def test_proportional_checkpoints_load_as_p_rope(tmp_path, p, factor):
+    params = {"rope_type": "proportional", "rope_theta": 10000.0, "partial_rotary_factor": p}
+    if factor:
+        params["factor"] = factor
+    directory, theirs = save_hf(tmp_path, head_dim=20, rope_parameters=params)
+    ours, _, info = load_hf(directory)
+    kept = int(p * 20 // 2)
+    assert ours.pos_scheme.kept_pairs == kept and ours.scaling.name == ("pi" if factor else "none")
+    assert_parity(ours, theirs, (12, 80), f"proportional p={p}")
+
+
+@pytest.mark.parametrize("p,scaling", [(0.75, {"name": "none"}), (0.5, {"name": "pi", "factor": 2.0})])
+def test_p_rope_exports_as_proportional(tmp_path, p, scaling):
+    torch.manual_seed(0)
+    ours = randomize(build_model(LLAMA_SHAPED, {"name": "rope", "p_rope": p}, scaling, VOCAB, 16)).eval()
+    export_hf(ours, None, str(tmp_path / "out"))
+    theirs = AutoModelForCausalLM.from_pretrained(str(tmp_path / "out"), attn_implementation="eager").eval()
+    assert theirs.config.rope_parameters["rope_type"] == "proportional"
+    assert_parity(ours, theirs, (12, 80), f"export p={p}")
+
+
+def test_p_rope_under_yarn_is_refused(tmp_path):
+    model = build_model(LLAMA_SHAPED, {"name": "rope", "p_rope": 0.5}, {"name": "yarn", "factor": 2.0}, VOCAB, 16)
+    with pytest.raises(ConfigError, match="proportional"):
+        export_hf(model, None, str(tmp_path / "out"))
+
+
+def test_partial_rotary_factor_keeps_exactly_the_pairs():
+    for head_dim in range(2, 300, 2):
+        for kept in range(1, head_dim // 2 + 1):
+            p = p_rope_to_hf(kept, head_dim)
+            assert int(p * head_dim // 2) == kept and round(p * head_dim / 2) == kept

@@ -27,9 +27,9 @@ from rope_lm.core.errors import ConfigError
 from rope_lm.hf.families import FAMILIES as LAYERED
 from rope_lm.hf.families import exporting_family, settings
 from rope_lm.hf.families import hf_config as layered_hf_config
+from rope_lm.hf.rope_params import PROPORTIONAL, p_rope_from_hf, p_rope_to_hf, rope_parameters, scaling_from_hf
 from rope_lm.hf.rope_params import check_shape as _check_shape
 from rope_lm.hf.rope_params import refuse as _refuse
-from rope_lm.hf.rope_params import rope_parameters, scaling_from_hf
 from rope_lm.hf.rope_params import rope_scaling_to_hf as _rope_scaling_to_hf
 from rope_lm.model.softmax_options import SoftmaxOptions
 
@@ -100,10 +100,13 @@ def settings_from_hf(config: dict, sliding_window: str = "auto") -> dict:
         bias = qkv_bias = attn_bias
     _check_shape(config)
     params = rope_parameters(config)
-    if float(params.get("partial_rotary_factor", 1.0)) != 1.0:
-        raise ConfigError(f"partial_rotary_factor={params['partial_rotary_factor']}: {arch} rotates whole heads.")
     H = config["num_attention_heads"]
     head_dim = config.get("head_dim") or config["hidden_size"] // H
+    p_rope = 1.0
+    if params["rope_type"] == PROPORTIONAL:
+        p_rope, params = p_rope_from_hf(params, head_dim)
+    elif float(params.get("partial_rotary_factor", 1.0)) != 1.0:
+        raise ConfigError(f"partial_rotary_factor={params['partial_rotary_factor']}: {arch} rotates whole heads.")
     max_pos = int(config["max_position_embeddings"])
     scaling, train_len = scaling_from_hf(params, max_pos, config)
     window = _window(config, family, sliding_window)
@@ -133,6 +136,8 @@ def settings_from_hf(config: dict, sliding_window: str = "auto") -> dict:
         "attention": "auto",
     }
     pos = {"name": "rope", "base": params["rope_theta"], "rotary_fraction": 1.0, "pairing": "half"}
+    if p_rope != 1.0:
+        pos["p_rope"] = p_rope
     return {
         "model": model,
         "pos": pos,
@@ -172,9 +177,10 @@ def hf_config(model) -> dict:
         _refuse("pos.pairing=interleaved; transformers' Llama rotates halves (pos.pairing=half).")
     if scheme.rot_dim != cfg.head_size:
         _refuse(f"pos.rotary_fraction rotates {scheme.rot_dim} of {cfg.head_size} channels; Llama rotates all.")
-    if scheme.p_rope != 1.0:
+    if scheme.p_rope != 1.0 and model.scaling.name not in ("none", "pi"):
         _refuse(
-            f"pos.p_rope={scheme.p_rope} zeroes RoPE's lowest frequencies; transformers' Llama rotates all of them."
+            f"pos.p_rope={scheme.p_rope} under scaling={model.scaling.name}: transformers' p-RoPE (rope_type "
+            f"proportional) carries only a linear factor (scaling=pi or none)."
         )
     if cfg.mlp != "swiglu":
         _refuse(f"model.mlp={cfg.mlp}; transformers' Llama has a SwiGLU MLP (model.mlp=swiglu).")
@@ -198,6 +204,9 @@ def hf_config(model) -> dict:
         )
     rope, max_pos = _rope_scaling_to_hf(model.scaling, cfg.train_len)
     rope["rope_theta"] = scheme.base
+    if scheme.p_rope != 1.0:
+        rope["rope_type"] = PROPORTIONAL  # its `factor` is linear's, which pi already wrote
+        rope["partial_rotary_factor"] = p_rope_to_hf(scheme.kept_pairs, cfg.head_size)
     # torch's RMSNorm default eps is finfo(float32).eps; write it out explicitly.
     eps = cfg.norm_eps if cfg.norm_eps is not None else torch.finfo(torch.float32).eps
     out = {

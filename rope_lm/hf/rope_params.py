@@ -18,6 +18,34 @@ ROPE_TYPES = {
     "longrope": "longrope",
 }
 HF_TYPE = {v: k for k, v in ROPE_TYPES.items()}
+# p-RoPE (Barbero et al., 2025): pos.p_rope, not a method. transformers keeps int(p * head_dim // 2) frequency
+# pairs and zeroes the rest, and divides them all by `factor` (position interpolation, scaling=pi).
+PROPORTIONAL = "proportional"
+
+
+def p_rope_from_hf(params: dict, head_dim: int) -> tuple[float, dict]:
+    """(pos.p_rope, rope parameters of the method) for rope_type "proportional":
+    p_rope = kept / pairs with transformers' own count of kept pairs, so
+    rope-lm's round(p_rope * pairs) keeps the same ones; the method is its
+    linear factor."""
+    p = float(params.get("partial_rotary_factor", 1.0))
+    kept = int(p * head_dim // 2)
+    if kept < 1:
+        raise ConfigError(
+            f"rope_type=proportional with partial_rotary_factor={p} rotates no frequency of a {head_dim}-channel "
+            f"head; that is pos=nope, which this import does not write for a rotary checkpoint."
+        )
+    factor = float(params.get("factor", 1.0))
+    method = {"rope_type": "default"} if factor == 1.0 else {"rope_type": "linear", "factor": factor}
+    return kept / (head_dim // 2), {**params, **method}
+
+
+def p_rope_to_hf(kept: int, head_dim: int) -> float:
+    """partial_rotary_factor that makes transformers keep exactly `kept` pairs."""
+    p = kept / (head_dim // 2)
+    while int(p * head_dim // 2) < kept:  # a float just below kept / pairs would floor one pair short
+        p = math.nextafter(p, 2.0)
+    return p
 
 
 def rope_parameters(config: dict) -> dict:
