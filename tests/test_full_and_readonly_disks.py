@@ -614,3 +614,10 @@ def test_a_search_into_a_disk_that_cannot_take_it(trained, tmpfs, disk):
     args = ["method=yarn", "trials=1", "multiplier=2", "val_tokens=64", "test_tokens=64", "bootstrap=10"]
     done = command("scripts/search.py", f"ckpt={trained}", *args, f"out={where}/s", "device=cpu")
     one_paragraph(done, "out=", *(["disk is full"] if disk == "full" else ["not writable"]))
+
+
+def test_a_task_run_folder_on_a_full_disk_names_the_setting_that_moves_it(tmpfs):
+    """The first file of a task run (run.yaml) on a full disk: the paragraph names hydra.run.dir."""
+    disk = tmpfs("task", 16, free_kib=0)
+    done = command("scripts/task.py", "task=copy", f"hydra.run.dir={disk}/run")
+    one_paragraph(done, "disk is full", "set hydra.run.dir to")

@@ -385,7 +385,7 @@ def evaluate_checkpoint(
         config["gguf"] = source_of(imported)
     if out_dir is None:
         out_dir = fresh_dir(os.path.join(output_home(trained.path, "eval"), "-".join(labels)[:80] or "none"))
-    folder = RunFolder(out_dir)
+    folder = RunFolder(out_dir, setting="out=")
     finishing = (
         existing == "continue" and folder.read_results() is not None and not os.path.exists(folder.file("checkpoints"))
     )

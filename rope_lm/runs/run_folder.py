@@ -18,12 +18,13 @@ The status a folder's results record and the status a sweep's jobs.json
 records are one enum, `Status`.
 """
 
+import dataclasses
 from dataclasses import dataclass
 import enum
 import json
 import os
 
-from rope_lm.core.errors import ConfigError, RopeLMError, UnwritableFolder
+from rope_lm.core.errors import ConfigError, OutputError, RopeLMError, UnwritableFolder
 from rope_lm.core.files import atomic_write, write_json
 from rope_lm.eval.results import RESULTS_JSON
 from rope_lm.runs.run_settings import settings_differences
@@ -115,9 +116,15 @@ class RunFolder:
     settings that may differ between sittings of one experiment."""
 
     def __init__(
-        self, path: str, results: str = RESULTS_JSON, bookkeeping: frozenset = frozenset(), checkpoints: bool = True
+        self,
+        path: str,
+        results: str = RESULTS_JSON,
+        bookkeeping: frozenset = frozenset(),
+        checkpoints: bool = True,
+        setting: str = "hydra.run.dir",
     ):
         self.path = path
+        self.setting = setting  # the setting that moves the folder, for a write that fails
         self.results = results
         self.bookkeeping = bookkeeping
         self.checkpoints = checkpoints  # task runs keep no resumable checkpoint
@@ -235,7 +242,10 @@ class RunFolder:
     def record_settings(self, settings: dict) -> None:
         import yaml
 
-        atomic_write(self.file(RUN_CONFIG), yaml.safe_dump(settings, sort_keys=False))
+        try:
+            atomic_write(self.file(RUN_CONFIG), yaml.safe_dump(settings, sort_keys=False))
+        except OutputError as e:
+            raise e.reworded(setting=self.setting) from None
 
     def taken(self) -> list[str]:
         """The files of a run that this folder holds already."""
@@ -443,6 +453,17 @@ def rank_zero_claim(path: str) -> Decision | None:
     if claim["dir"] != os.path.abspath(path):
         return None
     return Resume(claim["ckpt"], claim["steps"]) if claim["kind"] == "Resume" else Start(claim["ckpt"])
+
+
+def as_record(decision: Decision) -> dict:
+    """A decision as plain values, for the other processes of a launched job (train/distributed.py)."""
+    return {"kind": type(decision).__name__, **dataclasses.asdict(decision)}
+
+
+def from_record(record: dict) -> Decision:
+    kinds = {kind.__name__: kind for kind in (Start, Resume, EvaluateOnly, Skip)}
+    values = dict(record)
+    return kinds[values.pop("kind")](**values)
 
 
 def record_failure(out_dir: str, config: dict, error: Exception, folder: RunFolder | None = None) -> None:
