@@ -1,7 +1,10 @@
 """Every attention kernel agrees with the explicit reference, for every
 registered scheme: outputs and gradients (inputs and scheme parameters),
 with and without a window and a per-query scale, on integer and rescaled
-(fractional) positions, in one block or many."""
+(fractional) positions, in one block or many. A scheme that computes its
+attention itself (owns_attention) is held the same way to its own explicit
+reference, its per-token terms read off a fixed random layer input where it
+reads one (reads_input), gradients to that input included."""
 
 import os
 import sys
@@ -12,9 +15,10 @@ import torch
 import torch.nn.attention.flex_attention  # noqa: F401 (its module is patched below)
 import yaml
 
+from rope_lm.core.errors import ConfigError
 from rope_lm.kernels import attention
 from rope_lm.kernels.attention import AttnPlan, attend, choose_kernel, explicit_attention, flex_path
-from rope_lm.positional import SCHEMES, Dims, PosContext, PositionalScheme, build_scheme
+from rope_lm.positional import SCHEMES, Dims, PosContext, PositionalScheme, _content, build_scheme
 from rope_lm.scaling import build_scaling
 
 pytestmark = pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
@@ -83,8 +87,18 @@ def flex_backward_on_cpu(monkeypatch):
     monkeypatch.setattr(module, "_validate_device", lambda *args: None)
 
 
-def run(kernel, scheme, q, k, v, pos, plan):
+def layer_input(seed=7):
+    """The fixed random normed layer input a reads_input scheme derives its terms from."""
+    return torch.randn(B, T, DIMS.d_model, generator=torch.Generator().manual_seed(seed))
+
+
+def run(kernel, scheme, q, k, v, pos, plan, x=None):
     c = ctx()
+    if scheme.owns_attention:
+        # As the model calls it: its terms from the layer's input, the dispatcher (heads matched, log-n's
+        # scale on the queries) and the scheme's own path, "explicit" its reference.
+        terms = scheme.token_terms(LAYER, layer_input() if x is None else x, c) if scheme.reads_input else None
+        return attend(q, k, v, scheme, LAYER, pos, plan, c, kernel, terms)
     if kernel == "explicit":
         return explicit_attention(q, k, v, scheme, LAYER, pos, plan, c)
     if kernel == "flex-eager":
@@ -103,9 +117,13 @@ def outputs_and_grads(kernel, scheme, pos, plan):
     torch.manual_seed(1)
     q, k, v = (torch.randn(B, DIMS.n_head, T, DIMS.head_dim, requires_grad=True) for _ in range(3))
     weights = torch.randn(B, DIMS.n_head, T, DIMS.head_dim)
-    out = run(kernel, scheme, q, k, v, pos, plan)
+    x = layer_input().requires_grad_() if scheme.reads_input else None
+    out = run(kernel, scheme, q, k, v, pos, plan, x)
     params = [p for p in scheme.parameters() if p.requires_grad]
-    grads = torch.autograd.grad((out * weights).sum(), [q, k, v, *params], allow_unused=True)
+    inputs = [q, k, v, *([x] if x is not None else []), *params]
+    if plan.sink_logits is not None and plan.sink_logits.requires_grad:
+        inputs.append(plan.sink_logits)
+    grads = torch.autograd.grad((out * weights).sum(), inputs, allow_unused=True)
     return out.detach(), grads
 
 
@@ -120,8 +138,18 @@ def assert_same(name, got, want, tol=(2e-5, 1e-4), grad_tol=(5e-5, 1e-4)):
 
 
 def kernels_of(name):
+    """The kernels held to the explicit path: the fixed kernels, or for a
+    scheme that owns its attention its fast path as "auto" and "sdpa" ask for
+    it (its flex, if any, is its own module's test: flex_path never sees it)."""
     cls = SCHEMES.get(name)
+    if cls.owns_attention:
+        return ["auto", "sdpa"]
     return [] if cls.has_content_terms else ["sdpa", "flex"]
+
+
+def fast_kernels(name):
+    """The kernels compared with explicit on the sdpa test below, in one block and in many."""
+    return [k for k in kernels_of(name) if k != "flex"]
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -130,15 +158,63 @@ def test_sdpa_and_blocked_paths_match_explicit(name, case, monkeypatch):
     plan, kind = CASES[case]
     scheme, pos = make_scheme(name), positions(kind)
     ref = outputs_and_grads("explicit", scheme, pos, plan)
-    for kernel in kernels_of(name):
-        if kernel == "sdpa":
-            assert_same(f"{name}/sdpa/{case}", outputs_and_grads("sdpa", scheme, pos, plan), ref)
-    # Many query blocks (bias and content terms sliced per block) against one.
+    for kernel in fast_kernels(name):
+        assert_same(f"{name}/{kernel}/{case}", outputs_and_grads(kernel, scheme, pos, plan), ref)
+    # Many query blocks (bias and content terms sliced per block) against one; a scheme that owns its
+    # attention blocks its queries by rope_lm.positional._content.query_blocks.
     monkeypatch.setattr(attention, "MAX_SCORE_ELEMENTS", B * DIMS.n_head * T * 4)
-    assert len(attention._query_blocks(B, DIMS.n_head, T)) > 1
+    monkeypatch.setattr(_content, "MAX_SCORE_ELEMENTS", B * DIMS.n_head * T * 4)
+    assert len(attention._query_blocks(B, DIMS.n_head, T)) > 1 and len(_content.query_blocks(B, DIMS.n_head, 0, T)) > 1
     assert_same(f"{name}/explicit-blocked/{case}", outputs_and_grads("explicit", scheme, pos, plan), ref)
-    if "sdpa" in kernels_of(name):
-        assert_same(f"{name}/sdpa-blocked/{case}", outputs_and_grads("sdpa", scheme, pos, plan), ref)
+    for kernel in fast_kernels(name):
+        assert_same(f"{name}/{kernel}-blocked/{case}", outputs_and_grads(kernel, scheme, pos, plan), ref)
+
+
+def owning_schemes() -> list[str]:
+    return [n for n in SCHEMES.names() if SCHEMES.get(n).owns_attention]
+
+
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("name", owning_schemes())
+def test_owned_attention_of_the_last_queries_equals_those_rows(name, case, monkeypatch):
+    """A KV-cached step hands a scheme that owns its attention the last t
+    queries of len(pos) (keys, values and terms over all of them): its rows
+    equal those of the full computation, on its explicit and its fast path, in
+    one block and in many, log-n's scale read at the queries' own indices."""
+    plan, kind = CASES[case]
+    scheme, pos = make_scheme(name), positions(kind)
+    torch.manual_seed(1)
+    q, k, v = (torch.randn(B, DIMS.n_head, T, DIMS.head_dim) for _ in range(3))
+    with torch.no_grad():
+        full = run("explicit", scheme, q, k, v, pos, plan)
+        for blocked in (False, True):
+            if blocked:
+                monkeypatch.setattr(_content, "MAX_SCORE_ELEMENTS", B * DIMS.n_head * T * 4)
+            for t in (1, 6):
+                for kernel in ("explicit", *fast_kernels(name)):
+                    got = run(kernel, scheme, q[:, :, -t:], k, v, pos, plan)
+                    torch.testing.assert_close(
+                        got, full[:, :, -t:], atol=2e-5, rtol=1e-4, msg=lambda m: f"{name}/{kernel}/t={t}: {m}"
+                    )
+
+
+@pytest.mark.parametrize("name", owning_schemes())
+def test_owned_attention_serves_or_refuses_learned_sink_logits(name):
+    """gpt-oss's learned sink logits (model.sink_logits): a scheme that says it
+    serves them joins them to its softmax's denominator on every path, their
+    gradient included; one that does not refuses them in one paragraph."""
+    scheme, pos = make_scheme(name), positions("int")
+    plan = AttnPlan(window=9, sink_logits=torch.linspace(-1.0, 2.0, DIMS.n_head).requires_grad_())
+    if not scheme.serves_sink_logits:
+        with pytest.raises(ConfigError) as info:
+            outputs_and_grads("explicit", scheme, pos, plan)
+        assert "\n" not in str(info.value)
+        return
+    ref = outputs_and_grads("explicit", scheme, pos, plan)
+    without = outputs_and_grads("explicit", scheme, pos, AttnPlan(window=9))
+    assert (ref[0] - without[0]).abs().max() > 1e-3  # the sinks take some weight
+    for kernel in fast_kernels(name):
+        assert_same(f"{name}/{kernel}/sink_logits", outputs_and_grads(kernel, scheme, pos, plan), ref)
 
 
 def flex_cases(name):
@@ -165,6 +241,17 @@ def test_content_schemes_always_take_the_explicit_path(name):
     for requested in ("auto", "sdpa", "flex"):
         assert choose_kernel(requested, scheme, plan, torch.device("cuda")) == "explicit"
         assert_same(f"{name}/{requested}", outputs_and_grads(requested, scheme, positions(kind), plan), ref)
+
+
+@pytest.mark.parametrize("name", owning_schemes())
+def test_a_scheme_that_owns_its_attention_gets_it_whatever_the_kernel(name):
+    """No fixed kernel computes such a scheme's attention: every request
+    reaches the scheme (its explicit path for "explicit", its fast path for the rest)."""
+    scheme, plan = make_scheme(name), CASES["window+q_scale"][0]
+    for requested in ("auto", "sdpa", "flex", "explicit"):
+        for device in ("cpu", "cuda"):
+            assert choose_kernel(requested, scheme, plan, torch.device(device)) == "scheme"
+    assert not (scheme.has_bias or scheme.has_content_terms), "its hooks for the fixed kernels would be unused"
 
 
 def test_every_bias_scheme_offers_a_score_mod():
@@ -445,10 +532,11 @@ def test_grouped_key_value_heads_match_repeated_heads_on_every_path(
     ref = run("explicit", scheme, q, k_full, v_full, pos, plan)
     ref_grads = torch.autograd.grad((ref * weights).sum(), [q, k_full, v_full])
     ref_grads = (ref_grads[0], *(g.view(B, kv_heads, group, T, -1).sum(2) for g in ref_grads[1:]))
-    kernels = ["explicit", "auto", *["flex-eager" if k == "flex" else k for k in kernels_of(name)]]
+    kernels = ["explicit", *dict.fromkeys(["auto", *["flex-eager" if k == "flex" else k for k in kernels_of(name)]])]
     for blocked in (False, True):
         if blocked:  # many query blocks, each slicing the repeated keys
             monkeypatch.setattr(attention, "MAX_SCORE_ELEMENTS", B * DIMS.n_head * T * 4)
+            monkeypatch.setattr(_content, "MAX_SCORE_ELEMENTS", B * DIMS.n_head * T * 4)
             kernels = [k for k in kernels if k != "flex-eager"]
         for kernel in kernels:
             out = run(kernel, scheme, q, k, v, pos, plan)

@@ -118,6 +118,37 @@ def test_grouped_heads_stay_grouped_in_the_cache():
     assert all(b.shape == (2, 2, T, 8) for b in buffers.values())  # 2 key/value heads of 4 query heads
 
 
+@pytest.mark.parametrize("scheme", [n for n in SCHEMES.names() if SCHEMES.get(n).owns_attention])
+def test_a_scheme_that_owns_its_attention_keeps_raw_keys_and_its_terms(scheme):
+    """For such a scheme the cache keeps keys as the layer made them (no
+    rotation: the scheme sees raw keys in a full forward too), values, and
+    every per-token term it reads off the layer's input, each as token_terms
+    gives it for those tokens, grouped key/value heads left grouped."""
+    m = model(scheme, "none")
+    idx = tokens(T)
+    cache = KVCache(planned_len=T)
+    with torch.no_grad():
+        read_in_pieces(m, idx, cache, PIECES)
+        layer = m.blocks[1]
+        x = m.blocks[0](
+            m.embed_tokens(idx),
+            m.pos_scheme,
+            torch.arange(T),
+            m.scaling.attention_plan(torch.arange(T), m.context(T)),
+            m.context(T),
+        )
+        x = layer.norm1(x)
+        _, k, v = layer.attn.split_qkv(x)
+        terms = m.pos_scheme.token_terms(1, x, m.context(T)) if m.pos_scheme.reads_input else {}
+    buffers = cache.layer(1).buffers
+    assert set(buffers) == {"keys", "values", *(f"term:{name}" for name in terms)}
+    torch.testing.assert_close(buffers["keys"], k, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(buffers["values"], v, atol=1e-5, rtol=1e-4)
+    assert k.shape[1] == 2  # 2 key/value heads of 4 query heads
+    for name, t in terms.items():
+        torch.testing.assert_close(buffers[f"term:{name}"], t, atol=1e-5, rtol=1e-4, msg=lambda msg: f"{name}: {msg}")
+
+
 LENGTH_DEPENDENT = ("pi", "ntk", "yarn", "dynamic_ntk", "longrope", "self_extend")
 
 

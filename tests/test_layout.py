@@ -136,6 +136,22 @@ def test_sliding_window_layers_equal_the_explicit_kernel(pos):
         torch.testing.assert_close(fast(idx), explicit(idx), atol=2e-5, rtol=1e-4)
 
 
+@pytest.mark.parametrize("name", [n for n in SCHEMES.names() if SCHEMES.get(n).owns_attention])
+def test_sliding_window_layers_of_a_scheme_that_owns_its_attention_equal_its_explicit_path(name):
+    """model.attention=explicit reaches such a scheme as its explicit path: a
+    model of its windowed layers (a window each, past L) equals the same
+    model on the scheme's fast path."""
+    with open(f"{ROOT}/conf/pos/{name}.yaml") as f:
+        pos = yaml.safe_load(f)
+    layout = {"pattern": [{"window": 5}, {"window": 11}]}
+    fast = model(layout, pos=pos)
+    explicit = model(layout, pos=pos, attention="explicit")
+    explicit.load_state_dict(fast.state_dict())
+    idx = tokens(48)
+    with torch.no_grad():
+        torch.testing.assert_close(fast(idx), explicit(idx), atol=2e-5, rtol=1e-4)
+
+
 def test_a_pattern_repeats_and_is_cut_where_the_layers_end():
     """Gemma 3 1B: a 6-layer rhythm over 26 layers ends on two local layers."""
     specs = layer_specs({"pattern": [{"window": 8}] * 5 + [None]}, {"name": "rope"}, 26)

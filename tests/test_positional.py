@@ -10,6 +10,7 @@ import torch
 import yaml
 
 from rope_lm.core.errors import ConfigError
+from rope_lm.kernels.attention import AttnPlan
 from rope_lm.model.transformer import build_model
 from rope_lm.positional import SCHEMES, Dims, PosContext, PositionalScheme, build_scheme
 from rope_lm.positional.alibi import alibi_slopes
@@ -94,7 +95,12 @@ def test_causal(name):
     assert not torch.allclose(a[:, t + 1], b[:, t + 1])  # the change is visible where it may be
 
 
-RELATIVE = [n for n in SCHEMES.names() if SCHEMES.get(n).family in ("rotary", "bias", "relative")]
+RELATIVE_FAMILIES = ("rotary", "bias", "relative")
+# Schemes whose logits the hooks give (rotate, bias, content_scores); one that owns its attention is
+# checked on its attention's output below.
+RELATIVE = [
+    n for n in SCHEMES.names() if SCHEMES.get(n).family in RELATIVE_FAMILIES and not SCHEMES.get(n).owns_attention
+]
 
 
 @pytest.mark.parametrize("name", RELATIVE)
@@ -114,6 +120,72 @@ def test_scores_depend_only_on_relative_positions(name):
         atol=2e-3,
         rtol=1e-3,
     )
+
+
+def owned_attention(scheme, q, k, v, pos, x=None, plan=None, layer=1):
+    """What a scheme that computes its attention itself gives for q, k, v at
+    positions pos (its explicit path), its terms read off the layer input x."""
+    c = ctx(T=len(pos))
+    terms = scheme.token_terms(layer, x, c) if scheme.reads_input else {}
+    return scheme.attention(layer, q, k, v, terms, pos, plan or AttnPlan(), c, "explicit")
+
+
+# A content scheme reads no position ids at all, so its attention is the same at any shift; schemes
+# of the relative families that own their attention depend on differences of positions only.
+OWNED = [
+    n
+    for n in SCHEMES.names()
+    if SCHEMES.get(n).owns_attention and SCHEMES.get(n).family in (*RELATIVE_FAMILIES, "content")
+]
+
+
+@pytest.mark.parametrize("name", OWNED)
+def test_owned_attention_depends_only_on_relative_positions(name):
+    """The analogue of the logits' check for a scheme that owns its
+    attention: its output, a window with sink tokens included, is the same
+    for positions shifted by a constant."""
+    scheme = make(name)
+    torch.manual_seed(1)
+    q, k, v = (torch.randn(2, 4, 20, 8) for _ in range(3))
+    x = torch.randn(2, 20, DIMS.d_model)
+    pos = torch.arange(20)
+    plan = AttnPlan(window=9, sink_tokens=2)
+    with torch.no_grad():
+        base = owned_attention(scheme, q, k, v, pos, x, plan)
+        for shift in (7, 300):
+            torch.testing.assert_close(
+                owned_attention(scheme, q, k, v, pos + shift, x, plan), base, atol=2e-4, rtol=1e-3
+            )
+        gaps = torch.tensor([0, 1, 3, 4, 8, 9, 15, 16, 17, 30])
+        sub = [t[..., :10, :] for t in (q, k, v)]
+        torch.testing.assert_close(
+            owned_attention(scheme, *sub, gaps + 50, x[:, :10]),
+            owned_attention(scheme, *sub, gaps, x[:, :10]),
+            atol=2e-4,
+            rtol=1e-3,
+        )
+
+
+@pytest.mark.parametrize("name", [n for n in SCHEMES.names() if SCHEMES.get(n).reads_input])
+def test_owned_attention_reads_the_layer_input(name):
+    """Where a scheme reads the layer's input (its token_terms), the input
+    matters: another input, the same q, k, v and positions, another output;
+    and each token's terms are its own, (B, H, T, d), so the first tokens'
+    terms do not depend on later tokens."""
+    scheme = make(name)
+    torch.manual_seed(2)
+    q, k, v = (torch.randn(2, 4, 20, 8) for _ in range(3))
+    x, other = torch.randn(2, 20, DIMS.d_model), torch.randn(2, 20, DIMS.d_model)
+    pos = torch.arange(20)
+    with torch.no_grad():
+        a, b = owned_attention(scheme, q, k, v, pos, x), owned_attention(scheme, q, k, v, pos, other)
+        assert (a - b).abs().max() > 1e-3
+        terms = scheme.token_terms(1, x, ctx(T=20))
+        cut = scheme.token_terms(1, x[:, :12], ctx(T=12))
+    assert terms and set(cut) == set(terms)
+    for key, t in terms.items():
+        assert t.dim() == 4 and t.shape[:3] == (2, 4, 20), key
+        torch.testing.assert_close(cut[key], t[:, :, :12], atol=1e-6, rtol=1e-5)
 
 
 def test_the_invariance_check_can_fail():
