@@ -2,6 +2,7 @@
 pages equal what their CSVs give, and a changed CSV makes its block stale."""
 
 import os
+import re
 import sys
 
 import pytest
@@ -244,3 +245,223 @@ def test_the_script_checks_and_rewrites(tmp_path):
     assert done.returncode == 0 and "1.50 [1.40, 1.60]" in page.read_text()
     again = forked.run(script + ["check=true"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert again.returncode == 0 and "Every generated block is current" in again.stdout
+
+
+# --- Findings bound to verdicts ------------------------------------------------------------------
+
+
+def _verdict(cid, results, verdict, ours, claim="a claim"):
+    """One row of check_published.json as scripts/check_published.py writes it."""
+    return {
+        "id": cid,
+        "claim": claim,
+        "source": "a paper",
+        "published": "what it says",
+        "rule": "its rule",
+        "study": "a study",
+        "results": results,
+        "ours": ours,
+        "verdict": verdict,
+    }
+
+
+def _findings_files(tmp_path, rows, takeaways):
+    import json
+
+    import yaml
+
+    (tmp_path / "check_published.json").write_text(json.dumps(rows))
+    spec = tmp_path / "findings.yaml"
+    spec.write_text(yaml.safe_dump({"findings": {"verdicts": "check_published.json", "takeaways": takeaways}}))
+    return spec
+
+
+VERDICT_ROWS = [
+    _verdict("flat", "res/old", "not comparable", "0.98 at 2 x L; no intervals or seeds in this study"),
+    _verdict("flat", "res/new", "matched", "0.94 [0.93, 0.95] at 16 x L", "ALiBi is flat"),
+    _verdict("order", "res/new", "matched", "a 1.0 [0.9, 1.1] < b 2.0 [1.9, 2.1]", "a before b"),
+    _verdict("base", "res/base", "tied", "x 2.2 [2.0, 2.6] vs y 3.1 [2.6, 4.0]; within the intervals: x", "x beats y"),
+]
+TAKEAWAYS = [
+    {"title": "Flat as published", "claims": ["flat"], "results": "res/new"},
+    {"title": "Ordered", "claims": ["order"]},
+]
+
+
+def test_a_finding_is_shown_only_while_its_claim_is_matched(tmp_path):
+    """The takeaways carry their claims' figures; a claim that flips from matched moves its takeaway to
+    Not shown with the verdict and why, and the page's blocks go stale (the check fails)."""
+    _findings_files(tmp_path, VERDICT_ROWS, TAKEAWAYS)
+    shown, missing = (render(f"findings.yaml {kind}", str(tmp_path)) for kind in ("findings", "not_shown"))
+    assert shown == (
+        "* **Flat as published** (matched on `new`): `flat` 0.94 [0.93, 0.95] at 16 x L\n"
+        "* **Ordered** (matched on `new`): `order` a 1.0 [0.9, 1.1] < b 2.0 [1.9, 2.1]"
+    )
+    assert missing == "* `base` (x beats y): **tied** on `base`, within the intervals: x"
+    page = tmp_path / "page.md"
+    page.write_text(
+        f"## Findings\n\n<!-- table: findings.yaml findings -->\n{shown}\n<!-- end table -->\n\n"
+        f"<!-- table: findings.yaml not_shown -->\n{missing}\n<!-- end table -->\n"
+    )
+    assert regenerate(page.read_text(), str(tmp_path))[1] == []
+
+    flipped = [dict(r) for r in VERDICT_ROWS]
+    flipped[1].update(verdict="tied", ours="0.97 [0.93, 1.08] at 16 x L; interval straddling 1.05 at 16 x L")
+    _findings_files(tmp_path, flipped, TAKEAWAYS)
+    new, stale = regenerate(page.read_text(), str(tmp_path))
+    assert stale == ["findings.yaml findings", "findings.yaml not_shown"]
+    assert "Flat as published" not in render("findings.yaml findings", str(tmp_path))
+    assert render("findings.yaml not_shown", str(tmp_path)).splitlines()[0] == (
+        "* **Flat as published** (on `new`): `flat` **tied**, interval straddling 1.05 at 16 x L"
+    )
+    from rope_lm.compare.results_page import regenerate_pages
+
+    assert regenerate_pages([str(page)], str(tmp_path), check=True) == {str(page): stale}
+
+    # A claim that becomes matched with no takeaway naming it is shown too, on one line.
+    flipped[3].update(verdict="matched")
+    _findings_files(tmp_path, flipped, TAKEAWAYS)
+    assert render("findings.yaml findings", str(tmp_path)).endswith("* Also matched: `base` (x beats y)")
+    assert "`base`" not in render("findings.yaml not_shown", str(tmp_path))
+
+
+def test_prose_cannot_give_a_claim_a_verdict_it_does_not_have(tmp_path):
+    """Hand-written text beside a findings block may name a folder's verdict, never one no folder gave."""
+    from rope_lm.compare.results_page import contradictions
+
+    _findings_files(tmp_path, VERDICT_ROWS, TAKEAWAYS)
+    blocks = "".join(
+        f"<!-- table: findings.yaml {k} -->\n{render(f'findings.yaml {k}', str(tmp_path))}\n<!-- end table -->\n"
+        for k in ("findings", "not_shown")
+    )
+    fine = blocks + "The `base` claim (its rule on PPL) is **tied**; `flat` is\nnot comparable on the old folder.\n"
+    assert contradictions(fine, str(tmp_path)) == []
+    wrong = blocks + "Men et al.'s finding holds (`base`: matched), and `flat` is not robust.\n"
+    assert [c.split(" (its")[0] for c in contradictions(wrong, str(tmp_path))] == [
+        "prose contradicts a verdict: `base`: matched",
+        "prose contradicts a verdict: `flat` is not robust",
+    ]
+
+
+def _seed_rows(values: dict, length=1024):
+    """compare.csv rows: {scheme: [(ratio at 16 x L, lo, hi) per seed]}, each seed at L too."""
+    rows = []
+    for scheme, seeds in values.items():
+        for seed, (v, lo, hi) in enumerate(seeds):
+            label = f"{scheme} (seed={seed})"
+            rows += [
+                ("", label, scheme, "none", seed, 64, 64, 1.0, 20.0, 19.0, 21.0, 1.0, 1.0, 1.0),
+                ("", label, scheme, "none", seed, 64, length, 16.0, 20 * v, 19 * v, 21 * v, v, lo, hi),
+            ]
+    return rows
+
+
+def test_a_seeds_finding_needs_three_seeds_apart(tmp_path):
+    """Shown where every seed's interval of one group lies below every seed's of the next; tied where
+    two seeds overlap, not matched where reversed for every seed, not comparable under 3 seeds."""
+    apart = {"alibi": [(0.94, 0.93, 0.95)] * 3, "rope": [(2.4, 2.2, 2.6), (4.5, 4.2, 4.8), (4.1, 3.9, 4.3)]}
+    write_csv(tmp_path / "compare.csv", _seed_rows(apart))
+    take = [{"title": "Order", "seeds": "compare.csv", "multiplier": 16, "order": ["alibi", "rope"]}]
+    _findings_files(tmp_path, VERDICT_ROWS, take)
+    shown = render("findings.yaml findings", str(tmp_path)).splitlines()[0]
+    assert shown == (
+        f"* **Order** (comparison `{tmp_path.name}`, 3 seeds each, relative PPL at 16 × L, mean ± sd over seeds): "
+        "alibi 0.94 ± 0.00 < rope 3.67 ± 1.12; at each < every seed's 95% interval lies below every seed's of the next"
+    )
+    cases = {
+        "**tied**, within the seeds' intervals: alibi ~ rope": {**apart, "rope": [(2.4, 0.9, 2.6), *apart["rope"][1:]]},
+        "**not matched**, reversed for every seed: alibi ~ rope": {
+            "alibi": apart["alibi"],
+            "rope": [(0.5, 0.4, 0.6)] * 3,
+        },
+        "**not comparable**, rope with fewer than 3 seeds": {**apart, "rope": apart["rope"][:2]},
+    }
+    for verdict, values in cases.items():
+        write_csv(tmp_path / "compare.csv", _seed_rows(values))
+        assert "**Order**" not in render("findings.yaml findings", str(tmp_path))
+        assert render("findings.yaml not_shown", str(tmp_path)).splitlines()[0].endswith(verdict)
+
+
+def test_a_window_finding_moves_when_a_run_beats_the_control(tmp_path):
+    rows = [
+        ("", "rope + window", "rope", "window", "", 64, 64, 1.0, 20.0, 19.0, 21.0, 1.0, 1.0, 1.0),
+        ("", "rope + window", "rope", "window", "", 64, 128, 2.0, 19.0, 18.0, 20.0, 0.95, 0.93, 0.97),
+        ("", "alibi", "alibi", "none", "", 64, 64, 1.0, 20.0, 19.0, 21.0, 1.0, 1.0, 1.0),
+        ("", "alibi", "alibi", "none", "", 64, 128, 2.0, 19.0, 18.0, 20.0, 0.95, 0.92, 0.98),
+    ]
+    write_csv(tmp_path / "compare.csv", rows)
+    _findings_files(tmp_path, VERDICT_ROWS, [{"title": "None reads past L", "window": "compare.csv"}])
+    assert render("findings.yaml findings", str(tmp_path)).splitlines()[0] == (
+        f"* **None reads past L** (comparison `{tmp_path.name}` against `rope + window`): "
+        "0 of 1 run × length cells below it, 1 tied (alibi 1 of 1), 0 above"
+    )
+    rows[-1] = ("", "alibi", "alibi", "none", "", 64, 128, 2.0, 17.0, 16.0, 18.0, 0.85, 0.82, 0.88)
+    write_csv(tmp_path / "compare.csv", rows)
+    assert "None reads past L" not in render("findings.yaml findings", str(tmp_path))
+    assert (
+        render("findings.yaml not_shown", str(tmp_path))
+        .splitlines()[0]
+        .endswith("**no longer holds**, below the control: alibi at 2 × L")
+    )
+
+
+@pytest.mark.parametrize(
+    "takeaways, words",
+    [
+        ([{"title": "x", "claims": ["nowhere"]}], "names claim 'nowhere', which the verdicts do not hold"),
+        (
+            [{"title": "x", "claims": ["flat"]}],
+            "reads claim 'flat' without results:; it was checked on res/old; res/new",
+        ),
+        ([{"title": "x", "claims": ["flat"], "results": "res/other"}], "give the one folder"),
+        ([{"title": "x", "claims": ["flat"], "window": "compare.csv"}], "exactly one of claims, seeds, window"),
+        ([{"title": f"t{i}", "claims": ["order"]} for i in range(8)], "at most 7"),
+    ],
+)
+def test_a_bad_finding_is_one_paragraph(tmp_path, takeaways, words):
+    _findings_files(tmp_path, VERDICT_ROWS, takeaways)
+    with pytest.raises(ConfigError, match=re.escape(words) if words.startswith("reads") else words):
+        render("findings.yaml findings", str(tmp_path))
+
+
+def test_the_findings_open_the_page_in_at_most_8_lines_and_name_their_evidence():
+    with open(os.path.join(ROOT, "docs", "results.md")) as f:
+        text = f.read()
+    section = text.split("## Findings\n\n", 1)[1]
+    assert section.startswith("<!-- table: conf/results_page.yaml findings -->\n")
+    lines = render("conf/results_page.yaml findings", ROOT).splitlines()
+    assert 1 <= len(lines) <= 8
+    # each shown line names a registered claim (a backticked id after "matched on") or a comparison
+    assert all(re.search(r"\((matched on|comparison) `", line) or line.startswith("* Also matched") for line in lines)
+    from rope_lm.compare.results_page import contradictions
+
+    assert contradictions(text, ROOT) == []
+
+
+def test_the_page_states_the_tiny_model_size_once_as_the_runs_logged_it():
+    """The tiny model's parameter count is written once (Findings, "Scale") and equals what a committed
+    run of the headline table logged; a second, different count anywhere on the page fails."""
+    with open(os.path.join(ROOT, "docs", "results.md")) as f:
+        text = f.read()
+    log = os.path.join(ROOT, "docs/results/pe_headline_pg19_6000/runs/rope_seed0_none_L64/train.log")
+    with open(log) as f:
+        total, inner = re.search(r"Model: ([\d.]+)M parameters \(([\d.]+)M without embeddings\)", f.read()).groups()
+    stated = re.findall(r"\b(\d+(?:\.\d+)?)M[- ]parameters?\b", re.sub(r"\*\*", "", text))
+    tiny = [v for v in stated if 1 <= float(v) < 10]  # 0.40M (the tasks' 2-layer model) and 124M+ are others
+    assert tiny == [total], tiny
+    assert f"{inner}M outside the tied embedding" in text.replace("\n", " ")
+
+
+def test_why_is_what_decided_the_verdict():
+    """The trailing clauses of a verdict's `ours` without an interval, cut at top-level "; " only."""
+    from rope_lm.compare.results_page import _why
+
+    tasks = "a 0.83 > b 0.71 (over 4 tasks; not comparable: addition); the claim holds under 1 of 6 readings (x)"
+    assert _why(tasks) == "the claim holds under 1 of 6 readings (x)"
+    pairs = (
+        "0.5 x L: a 62.7 [51.5, 71.3] vs b 28.2 [23.0, 32.6]; 2 x L: a 63.7 [56, 69] vs b 63.3 [62, 64]; within 2 x L"
+    )
+    assert _why(pairs) == "within 2 x L"
+    order = "a 208.8 [193, 229] < b 655.2 [616, 703]; reversed beyond the intervals: b < a; within the intervals: c ~ d"
+    assert _why(order) == "reversed beyond the intervals: b < a; within the intervals: c ~ d"
+    assert _why("not run (docs/results/nowhere)") == "not run (docs/results/nowhere)"

@@ -36,7 +36,13 @@ The marker names a file (relative to the repository root) and a kind:
 * ``search``: the scripts/search.py results (search.json) in a folder, one
   row per method and target: the test PPL of plain positions, the method's
   defaults and the searched settings, and searched / defaults on the same
-  windows with its paired interval.
+  windows with its paired interval;
+* ``findings`` and ``not_shown``: the Findings' takeaways, from a YAML file
+  whose ``findings:`` names the verdicts (check_published.json) and the
+  takeaways (conf/results_page.yaml): a takeaway is shown only while every
+  claim it names is matched on its folder, or its comparison holds across
+  seeds; ``not_shown`` lists the rest, and every registered claim whose
+  verdict is not matched, with the verdict and why.
 
 Options after the kind: ``labels=a,b`` picks and orders the runs (compare.csv
 labels), ``group=<slug>`` the group of a multi-group comparison.
@@ -52,11 +58,25 @@ import re
 from rope_lm.compare.noise import WINDOW_CONTROL, against_control
 from rope_lm.compare.ppl_markdown import fmt, with_ci
 from rope_lm.compare.ppl_runs import csv_number, reference_row
+from rope_lm.compare.published_rules import MATCHED
 from rope_lm.core.errors import ConfigError
 from rope_lm.core.tables import markdown_table
 
 BLOCK = re.compile(r"^<!-- table: (?P<spec>[^>]*?) -->\n(?P<body>.*?)^<!-- end table -->$", re.M | re.S)
-KINDS = ("ppl", "rel", "summary", "window", "seeds", "accuracy", "effective", "md", "search", "lm_eval")
+KINDS = (
+    "ppl",
+    "rel",
+    "summary",
+    "window",
+    "seeds",
+    "accuracy",
+    "effective",
+    "md",
+    "search",
+    "lm_eval",
+    "findings",
+    "not_shown",
+)
 FOLDER_KINDS = ("search", "lm_eval")
 
 
@@ -100,6 +120,8 @@ def render(spec: str, root: str = ".") -> str:
             f"{parts[0]} (named by a results-page block) does not exist under {os.path.abspath(root)}"
             f"{' as a folder' if kind in FOLDER_KINDS else ''}."
         )
+    if kind in ("findings", "not_shown"):
+        return _findings(path, parts[0], root, shown=kind == "findings")
     if kind == "search":
         return _search(path, parts[0])
     if kind == "lm_eval":
@@ -168,7 +190,9 @@ def _summary(by: dict, labels: list[str], lengths: list[int], L0: int, seeds: bo
     )
 
 
-def _window(by: dict, labels: list[str], lengths: list[int], L0: int, name: str) -> str:
+def _window_cells(by: dict, labels: list[str], lengths: list[int], L0: int, name: str) -> tuple[str, list, dict]:
+    """(the control's label, the lengths past L0, {run: {length: against_control's cell}}): every run
+    that is neither the window-L control nor a reference row (trained longer), read against the control."""
     controls = [label for label in labels if (by.get((label, L0)) or {}).get("method") == WINDOW_CONTROL]
     if len(controls) != 1:
         raise ConfigError(
@@ -189,13 +213,15 @@ def _window(by: dict, labels: list[str], lengths: list[int], L0: int, name: str)
 
     # A reference row (trained longer) is read on absolute PPL in the other blocks: its PPL relative to its
     # own at L0, a length it was not trained at, says nothing about reading past L0.
+    runs = [label for label in labels if label != control and not reference_row(by.get((label, L0)) or {})]
+    return control, past, {label: {L: cell(label, L) for L in past} for label in runs}
+
+
+def _window(by: dict, labels: list[str], lengths: list[int], L0: int, name: str) -> str:
+    _, past, cells = _window_cells(by, labels, lengths, L0, name)
     return markdown_table(
         ["run"] + [f"{L} ({L / L0:g}×)" for L in past],
-        [
-            [label] + [cell(label, L) for L in past]
-            for label in labels
-            if label != control and not reference_row(by.get((label, L0)) or {})
-        ],
+        [[label] + [row[L] for L in past] for label, row in cells.items()],
     )
 
 
@@ -362,6 +388,303 @@ def _lm_eval(path: str, name: str) -> str:
     )
 
 
+# --- Findings: takeaways bound to the registered claims' verdicts ---------------------------------
+
+SEEDS_NEEDED = 3  # a difference between separately trained models is called only where it holds for each of 3 seeds
+MAX_TAKEAWAYS = 7  # with the "also matched" line, the Findings open with at most 8 lines
+TAKEAWAY_KINDS = ("claims", "seeds", "window")
+
+
+def _findings_spec(path: str, name: str, root: str) -> tuple[dict, list[dict]]:
+    """The `findings:` of a YAML file (conf/results_page.yaml) and the verdict rows it names."""
+    import json
+
+    import yaml
+
+    with open(path) as f:
+        spec = (yaml.safe_load(f) or {}).get("findings")
+    if not isinstance(spec, dict) or not isinstance(spec.get("verdicts"), str) or not spec.get("takeaways"):
+        raise ConfigError(
+            f"{name} has no `findings:` with `verdicts:` (the check_published.json the takeaways are bound to) "
+            f"and a list of `takeaways:`; see the one in conf/results_page.yaml."
+        )
+    takeaways = spec["takeaways"]
+    if not isinstance(takeaways, list) or len(takeaways) > MAX_TAKEAWAYS:
+        raise ConfigError(
+            f"{name}'s findings.takeaways is {'not a list' if not isinstance(takeaways, list) else len(takeaways)}: "
+            f"give a list of at most {MAX_TAKEAWAYS} (the Findings open with at most {MAX_TAKEAWAYS + 1} lines, "
+            f"one of them the claims matched that no takeaway names); merge takeaways, or leave some to the sections."
+        )
+    for t in takeaways:
+        kinds = [k for k in TAKEAWAY_KINDS if isinstance(t, dict) and k in t]
+        if not isinstance(t, dict) or not t.get("title") or len(kinds) != 1:
+            raise ConfigError(
+                f"A takeaway of {name} is {t!r}: each needs a `title` and exactly one of {', '.join(TAKEAWAY_KINDS)} "
+                f"(claims: registered claim ids, with `results:` their folder; seeds: a compare.csv with `multiplier` "
+                f"and `order`; window: a compare.csv holding a window-L control)."
+            )
+    verdicts = os.path.join(root, spec["verdicts"])
+    if not os.path.isfile(verdicts):
+        raise ConfigError(
+            f"{spec['verdicts']} (the verdicts named by {name}'s findings) does not exist under "
+            f"{os.path.abspath(root)}: python scripts/check_published.py out={os.path.dirname(spec['verdicts'])}"
+        )
+    with open(verdicts) as f:
+        rows = json.load(f)
+    return spec, rows
+
+
+def _clauses(text: str) -> list[str]:
+    """A verdict's `ours` cut at its top-level "; " (not inside parentheses)."""
+    out, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
+        depth += (ch == "(") - (ch == ")")
+        if depth == 0 and text.startswith("; ", i):
+            out.append(text[start:i])
+            start = i + 2
+    return out + [text[start:]]
+
+
+def _why(ours: str) -> str:
+    """Why a verdict is what it is, in a few words: the trailing clauses of `ours` that carry no
+    interval (the rules write the figures first, then what decided: "within the intervals: ...",
+    "control missing: ...", "the claim holds under 1 of 6 readings ...")."""
+    clauses = _clauses(ours)
+    tail = []
+    for c in reversed(clauses[1:]):
+        if "[" in c:
+            break
+        tail.insert(0, c)
+    return "; ".join(tail) or ours
+
+
+def _seed_note(root: str, results: str) -> str:
+    """ ", 3 seeds" / ", one seed" / ", 1-2 seeds" from the compare.csv of a verdict's (first) folder:
+    the seeds of each scheme's runs without a method."""
+    path = os.path.join(root, results.split(", ")[0], "compare.csv")
+    if not os.path.isfile(path):
+        return ""
+    seeds: dict = {}
+    with open(path, newline="") as f:
+        for r in csv.DictReader(f):
+            if r.get("method", "none") == "none" and not reference_row(r):
+                seeds.setdefault(r.get("scheme", r["label"]), set()).add(r.get("seed", ""))
+    if not seeds:
+        return ""
+    counts = sorted(len(v) for v in seeds.values())
+    lo, hi = counts[0], counts[-1]
+    return ", one seed" if hi == 1 else f", {hi} seeds" if lo == hi else f", {lo}-{hi} seeds"
+
+
+def _claim_takeaway(t: dict, rows: list[dict], names: dict, root: str, name: str) -> tuple[bool, str, str, set]:
+    """(shown, its line, its not-shown line, the claim ids it names) for a takeaway of registered claims:
+    shown only while every claim is matched on the takeaway's folder."""
+    ids = [t["claims"]] if isinstance(t["claims"], str) else list(t["claims"])
+    picked = []
+    for cid in ids:
+        mine = [r for r in rows if r["id"] == cid]
+        if not mine:
+            raise ConfigError(
+                f"The takeaway {t['title']!r} of {name} names claim {cid!r}, which the verdicts do not hold "
+                f"(their claims: {', '.join(dict.fromkeys(r['id'] for r in rows))}): register it in "
+                f"conf/published.yaml and run scripts/check_published.py, or fix the id."
+            )
+        checked = [r["results"] for r in mine]
+        if "results" in t:
+            mine = [r for r in mine if r["results"] == t["results"]]
+        if len(mine) != 1:
+            raise ConfigError(
+                f"The takeaway {t['title']!r} of {name} reads claim {cid!r} "
+                f"{'on ' + repr(t['results']) if 'results' in t else 'without results:'}; it was checked on "
+                f"{'; '.join(map(str, checked))}: give the one folder the takeaway stands on as `results:`."
+            )
+        picked.append(mine[0])
+    where = " + ".join(names[p] for p in picked[0]["results"].split(", ")) if picked[0]["results"] else "–"
+    note = _seed_note(root, picked[0]["results"] or "")
+    line = f"* **{t['title']}** (matched on `{where}`{note}): " + "; ".join(f"`{r['id']}` {r['ours']}" for r in picked)
+    failed = [r for r in picked if r["verdict"] != MATCHED]
+    missing = f"* **{t['title']}** (on `{where}`{note}): " + "; ".join(
+        f"`{r['id']}` **{r['verdict']}**, {_why(r['ours'])}" for r in failed
+    )
+    return not failed, line, missing, set(ids)
+
+
+def _series_at(path: str, name: str, multiplier: float, value: str) -> tuple[dict, int]:
+    """{scheme: [(seed, value, lo, hi)]} of a compare.csv's runs without a method at multiplier x L,
+    and L. Reference rows (trained longer) and controls are no scheme's runs."""
+    with open(path, newline="") as f:
+        rows = [r for r in csv.DictReader(f) if r.get("method", "none") == "none" and not reference_row(r)]
+    train_len = {int(float(r["train_len"])) for r in rows}
+    if len(train_len) != 1:
+        raise ConfigError(
+            f"{name} holds runs trained at {sorted(train_len)}: a seeds takeaway reads one training length."
+        )
+    L0 = train_len.pop()
+    key = {"rel": ("ppl_rel", "ppl_rel_lo", "ppl_rel_hi"), "ppl": ("ppl", "ppl_lo", "ppl_hi")}[value]
+    out: dict = {}
+    for r in rows:
+        if int(r["length"]) == round(multiplier * L0):
+            out.setdefault(r["scheme"], []).append((r.get("seed", ""), *(csv_number(r.get(k)) for k in key)))
+    return out, L0
+
+
+def _seeds_takeaway(t: dict, root: str) -> tuple[bool, str, str, set]:
+    """(shown, line, not-shown line, no claim ids) for an order of schemes over seeds: shown only where
+    each scheme has SEEDS_NEEDED seeds and every seed's interval of one group lies below every seed's
+    interval of the next (the bootstrap interval covers the scored text; the seeds, training noise)."""
+    import statistics
+
+    name = t["seeds"]
+    path = os.path.join(root, name)
+    value, multiplier = t.get("value", "rel"), t.get("multiplier")
+    if not os.path.isfile(path) or value not in ("rel", "ppl") or not isinstance(multiplier, (int, float)):
+        raise ConfigError(
+            f"The takeaway {t['title']!r} reads seeds: {name} (a file: {os.path.isfile(path)}), value: {value!r}, "
+            f"multiplier: {multiplier!r}: give a committed compare.csv, value rel (PPL relative to L) or ppl, "
+            f"and the multiple of L to read."
+        )
+    groups = [[g] if isinstance(g, str) else list(g) for g in t.get("order") or []]
+    series, _ = _series_at(path, name, multiplier, value)
+    lacking = [s for g in groups for s in g if s not in series]
+    if len(groups) < 2 or lacking:
+        raise ConfigError(
+            f"The takeaway {t['title']!r} orders {groups} on {name}, which has at {multiplier:g} x L the schemes "
+            f"{', '.join(series) or 'none'}: give `order:` two or more groups of its schemes"
+            f"{' (missing: ' + ', '.join(lacking) + ')' if lacking else ''}."
+        )
+
+    def shown(s):
+        values = [v for _, v, _, _ in series[s]]
+        if len(values) < 2:
+            return f"{s} {fmt(values[0])}"
+        return f"{s} {fmt(statistics.mean(values))} ± {fmt(statistics.stdev(values))}"
+
+    seeds = {s: len(series[s]) for g in groups for s in g}
+    what = "relative PPL" if value == "rel" else "PPL"
+    body = " < ".join(" ~ ".join(shown(s) for s in g) for g in groups)
+    counts = sorted(set(seeds.values()))
+    head = (
+        f"* **{t['title']}** (comparison `{os.path.basename(os.path.dirname(path)) or name}`, "
+        f"{' or '.join(map(str, counts))} seed{'s' if counts != [1] else ''} each, {what} at {multiplier:g} × L"
+        f"{', mean ± sd over seeds' if counts[-1] > 1 else ''}): {body}"
+    )
+    few = [s for s, n in seeds.items() if n < SEEDS_NEEDED]
+    if few:
+        return False, head, f"{head}: **not comparable**, {', '.join(few)} with fewer than {SEEDS_NEEDED} seeds", set()
+    if any(lo is None or hi is None for g in groups for s in g for _, _, lo, hi in series[s]):
+        return False, head, f"{head}: **not comparable**, runs without intervals", set()
+    reversed_, within = [], []
+    for a, b in zip(groups, groups[1:]):
+        a_runs = [x for s in a for x in series[s]]
+        b_runs = [x for s in b for x in series[s]]
+        if max(hi for *_, hi in a_runs) < min(lo for _, _, lo, _ in b_runs):
+            continue
+        pair = f"{'/'.join(a)} ~ {'/'.join(b)}"
+        (reversed_ if min(lo for _, _, lo, _ in a_runs) > max(hi for *_, hi in b_runs) else within).append(pair)
+    if reversed_:
+        return False, head, f"{head}: **not matched**, reversed for every seed: {', '.join(reversed_)}", set()
+    if within:
+        return False, head, f"{head}: **tied**, within the seeds' intervals: {', '.join(within)}", set()
+    return True, f"{head}; at each < every seed's 95% interval lies below every seed's of the next", "", set()
+
+
+def _window_takeaway(t: dict, root: str) -> tuple[bool, str, str, set]:
+    """(shown, line, not-shown line, no claim ids): no run is below the window-L control at any length
+    past L (the control reads nothing past L). Shown while that holds, with how the runs stand
+    against the control; a run below it moves the takeaway to not shown, naming where."""
+    name = t["window"]
+    path = os.path.join(root, name)
+    if not os.path.isfile(path):
+        raise ConfigError(f"The takeaway {t['title']!r} reads window: {name}, which does not exist under {root}.")
+    labels, lengths, by = _runs(path, {})
+    L0 = {int(float(by[k]["train_len"])) for k in by}.pop()
+    control, past, cells = _window_cells(by, labels, lengths, L0, name)
+    verdicts = {label: {L: c.split(" ")[0].strip("*") for L, c in row.items()} for label, row in cells.items()}
+    judged = [(label, L, v) for label, row in verdicts.items() for L, v in row.items() if v in ("yes", "no", "tied")]
+    below = [f"{label} at {L / L0:g} × L" for label, L, v in judged if v == "yes"]
+    tied: dict = {}
+    for label, _, v in judged:
+        scheme = by[(label, L0)].get("scheme") or label
+        tied.setdefault(scheme, [0, 0])[1] += 1
+        tied[scheme][0] += v == "tied"
+    ties = ", ".join(f"{s} {n} of {m}" for s, (n, m) in tied.items() if n)
+    counts = f"{len(below)} of {len(judged)} run × length cells below it, {sum(v == 'tied' for *_, v in judged)} tied"
+    head = f"* **{t['title']}** (comparison `{os.path.basename(os.path.dirname(path))}` against `{control}`): "
+    line = head + counts + (f" ({ties})" if ties else "") + f", {sum(v == 'no' for *_, v in judged)} above"
+    if below:
+        return False, line, f"{line}: **no longer holds**, below the control: {', '.join(below)}", set()
+    return True, line, "", set()
+
+
+def _findings(path: str, name: str, root: str, shown: bool) -> str:
+    """The Findings' takeaways (shown) or what they cannot show (not_shown), from the registered claims'
+    verdicts and the committed comparisons a YAML file's `findings:` names."""
+    from rope_lm.compare.published import per_claim, short_names
+    from rope_lm.compare.published_rules import VERDICTS
+
+    spec, rows = _findings_spec(path, name, root)
+    names = short_names(p for r in rows if r.get("results") for p in r["results"].split(", "))
+    done = []
+    for t in spec["takeaways"]:
+        if "claims" in t:
+            done.append(_claim_takeaway(t, rows, names, root, name))
+        elif "seeds" in t:
+            done.append(_seeds_takeaway(t, root))
+        else:
+            done.append(_window_takeaway(t, root))
+    named = set().union(*(ids for ok, *_, ids in done if ok))
+    claims = per_claim(rows)
+    if shown:
+        lines = [line for ok, line, _, _ in done if ok]
+        also = [c for c in claims if c["verdict"] == MATCHED and c["id"] not in named]
+        if also:
+            lines.append("* Also matched: " + ", ".join(f"`{c['id']}` ({c['claim']})" for c in also))
+        return "\n".join(lines) or "* (no takeaway holds: each is under Not shown)"
+    lines = [missing for ok, _, missing, _ in done if not ok]
+    failed = set().union(*(ids for ok, *_, ids in done if not ok))
+    rank = {v: i for i, v in enumerate(VERDICTS)}
+    for c in sorted(
+        (c for c in claims if c["verdict"] != MATCHED and c["id"] not in failed), key=lambda c: rank[c["verdict"]]
+    ):
+        mine = [r for r in rows if r["id"] == c["id"] and r["verdict"] == c["verdict"]]
+        last = mine[-1]
+        where = " + ".join(names[p] for p in last["results"].split(", ")) if last["results"] else "–"
+        more = f" and {len(mine) - 1} more folder{'s' if len(mine) > 2 else ''}" if len(mine) > 1 else ""
+        lines.append(f"* `{c['id']}` ({c['claim']}): **{c['verdict']}** on `{where}`{more}, {_why(last['ours'])}")
+    return "\n".join(lines) or "* (none: every registered claim is matched)"
+
+
+MENTION = re.compile(
+    r"`(?P<id>\w+)`(?P<between>[^`]{0,60}?)\b(?P<verdict>not matched|not robust|not comparable|matched|tied)\b"
+)
+
+
+def stated_verdicts(text: str, rows: list[dict]) -> list[str]:
+    """The hand-written text's (outside the generated blocks) mentions of a registered claim with a
+    verdict it has on none of its folders: "`small_base_ppl_without_retrieval` ... matched" where every
+    folder says not comparable. Prose may name a folder's verdict; it may not name one no folder gave."""
+    have: dict = {}
+    for r in rows:
+        have.setdefault(r["id"], set()).add(r["verdict"])
+    prose = re.sub(r"\s+", " ", BLOCK.sub("", text))
+    return [
+        f"`{m['id']}`{m['between']}{m['verdict']} (its verdicts: {', '.join(sorted(have[m['id']]))})"
+        for m in MENTION.finditer(prose)
+        if m["id"] in have and m["verdict"] not in have[m["id"]]
+    ]
+
+
+def contradictions(text: str, root: str = ".") -> list[str]:
+    """stated_verdicts for a page with a findings block, against the verdicts its findings name."""
+    out = []
+    for spec in dict.fromkeys(m.group("spec") for m in BLOCK.finditer(text)):
+        parts = spec.split()
+        if len(parts) >= 2 and parts[1] in ("findings", "not_shown"):
+            _, rows = _findings_spec(os.path.join(root, parts[0]), parts[0], root)
+            out += [f"prose contradicts a verdict: {c}" for c in stated_verdicts(text, rows)]
+    return list(dict.fromkeys(out))
+
+
 def regenerate(text: str, root: str = ".") -> tuple[str, list[str]]:
     """(the page with every block regenerated, the specs of the blocks that changed)."""
     stale = []
@@ -377,8 +700,9 @@ def regenerate(text: str, root: str = ".") -> tuple[str, list[str]]:
 
 def regenerate_pages(pages: list[str], root: str, check: bool) -> dict:
     """scripts/results_page.py's work: every stale block of `pages` rewritten from its files
-    (or, with `check`, only named); returns {page: the stale blocks}. The caller exits 1 on a
-    stale block under `check`."""
+    (or, with `check`, only named); returns {page: the stale blocks, and any hand-written mention
+    of a claim with a verdict its verdicts do not hold (contradictions)}. The caller exits 1 on
+    either under `check`."""
     from rope_lm.core.files import atomic_write
 
     stale = {}
@@ -386,13 +710,19 @@ def regenerate_pages(pages: list[str], root: str, check: bool) -> dict:
         with open(page) as f:
             text = f.read()
         new, changed = regenerate(text, root)
+        if changed and not check:
+            atomic_write(page, new)
+        # A hand-written verdict no folder gave cannot be regenerated: it is reported, and fails a check.
+        changed = changed + contradictions(new, root)
         if changed:
             stale[page] = changed
-            if not check:
-                atomic_write(page, new)
     for page, changed in stale.items():
         verb = "stale" if check else "regenerated"
-        print(f"{page}: {len(changed)} block(s) {verb}: " + "; ".join(changed))
+        blocks = [c for c in changed if not c.startswith("prose ")]
+        if blocks:
+            print(f"{page}: {len(blocks)} block(s) {verb}: " + "; ".join(blocks))
+        for c in changed[len(blocks) :]:
+            print(f"{page}: {c}")
     if not stale:
         print("Every generated block is current: " + ", ".join(pages))
     return stale
