@@ -2,6 +2,7 @@
 small results, from run folders and from compare.py's CSV alike."""
 
 import json
+import math
 import os
 import sys
 
@@ -757,6 +758,46 @@ def small_base(ppl16: float, passkey_far: float, passkey_at_l: float = 1.0):
     return {"ppl": bases({"10.0": ppl16}), "retrieval": retrieval}
 
 
+def seeded(table: dict, train_len=64) -> list[dict]:
+    """compare.csv rows of seed replicas, {series: {k: [PPL of seed 0, seed 1, ...]}}: a series is a scheme,
+    scheme+method (rope+yarn) or a row label with its setting ("rope (pos.p_rope=0.75)"), each row labelled
+    as compare.py labels seed replicas (the label, then " (seed=N)")."""
+    rows = []
+    for name, by_k in table.items():
+        if "(" in name:
+            scheme, method = name.split(" ")[0], "none"
+        else:
+            scheme, _, method = name.partition("+")
+        for k, ppls in by_k.items():
+            for seed, p in enumerate(ppls):
+                rows.append(
+                    {
+                        "scheme": scheme,
+                        "method": method or "none",
+                        "label": f"{name.replace('+', ' + ')} (seed={seed})",
+                        "seed": seed,
+                        "train_len": train_len,
+                        "length": int(k * train_len),
+                        "ratio": float(k),
+                        "ppl": float(p),
+                    }
+                )
+    return rows
+
+
+def task_runs(acc: dict, n=128) -> list[dict]:
+    """Task rows of seed replicas past the training sizes, {scheme: {task: [accuracy of seed 0, 1, ...]}}."""
+    return [
+        {"task": t, "scheme": s, "method": "none", "seed": i, "accuracy": a, "n": n, "buckets": []}
+        for s, by_task in acc.items()
+        for t, accs in by_task.items()
+        for i, a in enumerate(accs)
+    ]
+
+
+RoPE, P_RoPE = "rope (pos.p_rope=1.0)", "rope (pos.p_rope=0.75)"
+
+
 # claim id -> the rows its rule must reject: committed results of a model too small or too
 # short-trained for the claim, or constructed.
 CONTROLS = {
@@ -787,6 +828,34 @@ CONTROLS = {
     "ssmax_beats_softmax": lambda: at_k({"rope+ssmax": 61.0, "rope": 60.0}, k=16, train_len=64, methods=False),
     "small_base_ppl_without_retrieval": lambda: small_base(ppl16=110.0, passkey_far=0.9),  # still retrieves
     "far_bases_beat_10000": lambda: bases({"500.0": 300.0, "1000000.0": 150.0, "10000.0": 200.0}),  # 500 worse
+    # FoX below RoPE at 2-8 x L but above it at 16 x L in every seed
+    "fox_below_rope": lambda: seeded(
+        {"fox": {2: [40, 41, 42], 16: [90, 95, 93]}, RoPE: {2: [45, 46, 47], 16: [80, 82, 81]}}
+    ),
+    # stick-breaking below in two seeds, above in the third: training noise decides (tied)
+    "stick_breaking_below_rope": lambda: seeded(
+        {"stick_breaking": {2: [40, 41, 50], 16: [60, 62, 90]}, RoPE: {2: [45, 46, 47], 16: [80, 82, 81]}}
+    ),
+    # RoPE solves counting past the training sizes too: the task says nothing of CoPE's positions
+    "cope_counts_where_rope_fails": lambda: task_runs(
+        {
+            "cope": {"counting": [0.97, 0.98, 0.99], "selective_copy": [0.99, 1.0, 1.0]},
+            "rope": {"counting": [0.95, 0.97, 0.96], "selective_copy": [0.1, 0.05, 0.0]},
+        },
+        n=512,
+    ),
+    # p-RoPE 5% above RoPE in every seed, at L and past it
+    "p_rope_at_or_below_rope": lambda: seeded(
+        {P_RoPE: {1: [21.0, 21.1, 20.9], 2: [42.0, 44.1, 46.2]}, RoPE: {1: [20.0, 20.1, 19.9], 2: [40, 42, 44]}}
+    ),
+    # PoPE below RoPE in every seed, but not below RoPE with YaRN (level with it)
+    "pope_below_rope_and_yarn": lambda: seeded(
+        {
+            "pope": {2: [30, 31, 32], 16: [35, 36, 37]},
+            RoPE: {2: [45, 46, 47], 16: [80, 82, 81]},
+            "rope+yarn": {2: [29, 32, 31], 16: [36, 35, 38]},
+        }
+    ),
 }
 
 
@@ -1045,3 +1114,158 @@ def test_a_layout_series_is_read_by_its_whole_scheme_name():
     with_method = [dict(r, method="yarn", label=r["label"] + "+yarn") for r in better]
     assert R._series(better + with_method, "rope+nope_every_4+yarn")[16.0]["ppl"] == 50.0
     assert R._series(better + with_method, "rope+nope_every_4")[16.0]["ppl"] == 50.0
+
+
+# --- positions that read the content (issue 52): seed-paired and task rules ---------------------
+
+T_975_2 = 4.302652729911275  # the 0.975 quantile of Student's t with 2 degrees of freedom
+
+
+def paired(a: list[float], b: list[float]) -> tuple[float, float, float]:
+    """ratio, lo, hi of a / b paired by seed, written out: the mean of ln(a_s / b_s) +- t sd / sqrt(n)."""
+    d = [math.log(x / y) for x, y in zip(a, b)]
+    mean = sum(d) / len(d)
+    sd = math.sqrt(sum((x - mean) ** 2 for x in d) / (len(d) - 1))
+    half = T_975_2 * sd / math.sqrt(len(d))
+    return math.exp(mean), math.exp(mean - half), math.exp(mean + half)
+
+
+BELOW = claim(rule="below_across_seeds", series="fox", reference=RoPE, from_multiplier=2)
+
+
+def test_below_across_seeds_is_the_seed_t_interval_of_the_paired_log_ratio():
+    fox, rope = {2: [40, 41, 42], 16: [60, 62, 61]}, {2: [45, 46, 47], 16: [80, 82, 81]}
+    v = R.below_across_seeds(BELOW, seeded({"fox": {1: [20, 20, 20], **fox}, RoPE: {1: [20, 20, 20], **rope}}))
+    assert v.verdict == R.MATCHED
+    for k in (2, 16):  # every length from 2 x L on, 1 x L not read
+        r, lo, hi = paired(fox[k], rope[k])
+        assert f"{k} x L {r:.3f} [{lo:.3f}, {hi:.3f}]" in v.ours
+    assert "1 x L" not in v.ours and "paired over 3 seeds" in v.ours
+    # One length where the interval straddles 1: tied; one where it lies above: not matched
+    tied = R.below_across_seeds(BELOW, seeded({"fox": {**fox, 16: [60, 62, 90]}, RoPE: rope}))
+    assert tied.verdict == R.TIED and "straddling 1 at 16 x L" in tied.ours
+    above = R.below_across_seeds(BELOW, seeded({"fox": {**fox, 16: [90, 95, 93]}, RoPE: rope}))
+    assert above.verdict == R.NOT_MATCHED and "above 1 at 16 x L" in above.ours
+    # The same means with one seed: no interval, no verdict
+    one = R.below_across_seeds(BELOW, seeded({"fox": {k: v[:1] for k, v in fox.items()}, RoPE: rope}))
+    assert one.verdict == R.NOT_COMPARABLE and "needs 2 or more" in one.ours
+    # "At or below" is a margin: 3% above RoPE is within 1.05, not within 1.02
+    up = seeded({"fox": {2: [46.35, 47.38, 48.41]}, RoPE: {2: [45, 46, 47]}})
+    assert R.below_across_seeds(dict(BELOW, max_ratio=1.05), up).verdict == R.MATCHED
+    assert R.below_across_seeds(dict(BELOW, max_ratio=1.02), up).verdict == R.NOT_MATCHED
+
+
+def test_below_across_seeds_needs_every_reference_and_seeded_runs():
+    pope = {2: [30, 31, 32], 16: [35, 36, 37]}
+    rows = seeded(
+        {"pope": pope, RoPE: {2: [45, 46, 47], 16: [80, 82, 81]}, "rope+yarn": {2: [40, 41, 42], 16: [50, 52, 51]}}
+    )
+    c = claim(rule="below_across_seeds", series="pope", reference=[RoPE, "rope+yarn"], from_multiplier=2)
+    v = R.below_across_seeds(c, rows)
+    assert v.verdict == R.MATCHED and "pope / rope+yarn" in v.ours and f"pope / {RoPE}" in v.ours
+    # YaRN evaluated by scripts/eval_extrapolation.py records no seed: not comparable, said so
+    unseeded = [dict(r, seed=None, label=f"rope + yarn ({r['seed']})") if r["method"] == "yarn" else r for r in rows]
+    v = R.below_across_seeds(c, unseeded)
+    assert v.verdict == R.NOT_COMPARABLE and "rope+yarn has runs without a seed" in v.ours
+    # Against a reference not run: not comparable; a reference above beyond the seeds decides first
+    assert R.below_across_seeds(c, [r for r in rows if r["method"] != "yarn"]).verdict == R.NOT_COMPARABLE
+    worse = [dict(r, ppl=r["ppl"] * 3) if r["scheme"] == "pope" else r for r in rows if r["method"] != "yarn"]
+    assert R.below_across_seeds(c, worse).verdict == R.NOT_MATCHED
+
+
+def test_below_across_seeds_reads_rope_and_p_rope_as_compare_labels_them(tmp_path):
+    """p-RoPE runs are pos=rope runs: compare.py tells them apart by pos.p_rope, and the claims name them so;
+    the rule's ratios equal compare_seed_pairs.csv's, from the CSV and from the run folders alike."""
+    sweep = tmp_path / "sweep"
+    table = {
+        "rope": ({"name": "rope", "p_rope": 1.0}, {64: [20.0, 20.4, 19.8], 128: [30.0, 33.0, 31.0]}),
+        "p_rope": ({"name": "rope", "p_rope": 0.75}, {64: [19.0, 19.9, 19.6], 128: [27.0, 29.0, 28.5]}),
+        "fox": ({"name": "fox"}, {64: [19.5, 20.0, 19.0], 128: [22.0, 23.5, 22.4]}),
+    }
+    for arm, (pos, by_length) in table.items():
+        scheme = pos["name"]
+        for seed in range(3):
+            write_run(
+                sweep / f"{arm}_seed{seed}_none_L64",
+                scheme,
+                {"none": lambda L, t=by_length, s=seed: t[L][s]},
+                lengths=[64, 128],
+                seed=seed,
+                config={"pos": pos},
+            )
+    out = tmp_path / "cmp"
+    compare([str(sweep)], str(out))
+    labels = {r["label"] for r in P._read_csv(str(out / "compare.csv"))}
+    assert {f"{RoPE} (seed=0)", f"{P_RoPE} (seed=2)", "fox (seed=1)"} <= labels
+    pairs = {(r["a"], r["b"], int(r["length"])): r for r in P._read_csv(str(out / "compare_seed_pairs.csv"))}
+    p_rope = claim(rule="below_across_seeds", series=P_RoPE, reference=RoPE, from_multiplier=1)
+    for rows in (P.ppl_rows([str(out)]), P.ppl_rows([str(sweep)])):
+        v = R.below_across_seeds(BELOW, rows)
+        # compare.py's pair of fox with RoPE (its seed aggregates are "rope" and "rope #2": RoPE is the one
+        # whose seed-0 ratio is 22 / 30)
+        (pair,) = [
+            r
+            for (a, _, length), r in pairs.items()
+            if a.startswith("fox") and length == 128 and r["per_seed"].startswith(f"0={22.0 / 30.0!r}")
+        ]
+        assert f"2 x L {pair['ratio']:.3f} [{pair['ratio_lo']:.3f}, {pair['ratio_hi']:.3f}]" in v.ours
+        assert f"2 x L {paired([22.0, 23.5, 22.4], [30.0, 33.0, 31.0])[0]:.3f}" in v.ours
+        w = R.below_across_seeds(p_rope, rows)
+        assert w.ours.startswith(f"{P_RoPE} / {RoPE}, paired over 3 seeds: 1 x L")
+        assert w.verdict in (R.MATCHED, R.TIED, R.NOT_MATCHED)
+    # A plain "rope" names both arms here: refused as runs that are not seed replicas
+    with pytest.raises(R.Ambiguous):
+        R.below_across_seeds(dict(BELOW, reference="rope"), P.ppl_rows([str(out)]))
+
+
+TASK_CLAIM = claim(
+    rule="task_solved_where_control_fails",
+    series="cope",
+    control="rope",
+    tasks=["counting", "selective_copy"],
+    min=0.9,
+    max_control=0.5,
+)
+
+
+def test_task_solved_where_control_fails():
+    solved = {"counting": [0.97, 0.98, 0.99], "selective_copy": [0.99, 1.0, 1.0]}
+    fails = {"counting": [0.2, 0.25, 0.3], "selective_copy": [0.1, 0.05, 0.0]}
+    v = R.task_solved_where_control_fails(TASK_CLAIM, task_runs({"cope": solved, "rope": fails}, n=512))
+    assert v.verdict == R.MATCHED and "counting: cope 98% [" in v.ours and "(3 seeds)" in v.ours
+    # the band is the seeds' Wilson intervals, lowest low to highest high
+    lo = R.wilson(0.97 * 512, 512)[0]
+    assert f"counting: cope 98% [{lo:.0%}, " in v.ours
+    # CoPE short of 90% on one task: not matched; a seed straddling: tied
+    short = {**solved, "selective_copy": [0.6, 0.7, 0.65]}
+    v = R.task_solved_where_control_fails(TASK_CLAIM, task_runs({"cope": short, "rope": fails}, n=512))
+    assert v.verdict == R.NOT_MATCHED and "cope below 90%" in v.ours
+    edge = {**solved, "counting": [0.97, 0.9, 0.95]}
+    v = R.task_solved_where_control_fails(TASK_CLAIM, task_runs({"cope": edge, "rope": fails}, n=512))
+    assert v.verdict == R.TIED
+    # no RoPE run of a task, or no counts: not comparable
+    rows = [r for r in task_runs({"cope": solved, "rope": fails}) if (r["scheme"], r["task"]) != ("rope", "counting")]
+    v = R.task_solved_where_control_fails(TASK_CLAIM, rows)
+    assert v.verdict == R.NOT_COMPARABLE and "counting: no rope run" in v.ours
+    bare = [dict(r, n=None) for r in task_runs({"cope": solved, "rope": fails})]
+    assert R.task_solved_where_control_fails(TASK_CLAIM, bare).verdict == R.NOT_COMPARABLE
+
+
+def test_content_claims_read_not_comparable_until_their_studies_are_run(tmp_path):
+    content = [c for c in published_claims() if c["study"] in ("content_schemes", "content_tasks")]
+    assert {c["id"] for c in content} == {
+        "fox_below_rope",
+        "stick_breaking_below_rope",
+        "cope_counts_where_rope_fails",
+        "p_rope_at_or_below_rope",
+        "pope_below_rope_and_yarn",
+    }
+    absent = str(tmp_path / "content_schemes_pg19_6000")
+    rows = P.check_claims(content, {"content_schemes": [absent], "content_tasks": [str(tmp_path / "tasks")]})
+    assert [r["verdict"] for r in rows] == [R.NOT_COMPARABLE] * len(content)
+    assert all(r["ours"].startswith("not run (") for r in rows)
+    from omegaconf import OmegaConf
+
+    studies = OmegaConf.load(os.path.join(ROOT, "conf", "check_published.yaml"))["studies"]
+    assert list(studies["content_schemes"]) == ["docs/results/content_schemes_pg19_6000"]
+    assert list(studies["content_tasks"]) == ["docs/results/content_tasks_4000"]

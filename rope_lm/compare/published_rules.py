@@ -33,7 +33,7 @@ import functools
 import math
 import random
 
-from rope_lm.compare.noise import WINDOW_CONTROL
+from rope_lm.compare.noise import WINDOW_CONTROL, seed_interval
 
 MATCHED, NOT_MATCHED, NOT_ROBUST, TIED, NOT_COMPARABLE = (
     "matched",
@@ -54,7 +54,8 @@ class Verdict:
 
 def _series_rows(rows: list[dict], name: str) -> list[dict]:
     if "(" in name:  # a comparison's row label, e.g. "rope (pos.base=500.0)": runs told apart by a setting
-        return [r for r in rows if r.get("label") == name]
+        # Seed replicas of that setting carry their seed after it ("rope (pos.p_rope=0.75) (seed=1)").
+        return [r for r in rows if r.get("label") == name or str(r.get("label")).startswith(f"{name} (seed=")]
 
     # A scheme's own name may hold a "+" (a layout or softmax option: rope+nope_every_4), so each row's
     # series name is built and compared whole rather than the name split.
@@ -782,3 +783,163 @@ def retrieval_kept(claim: dict, rows: list[dict]) -> Verdict:
     if not any(s[L]["accuracy_lo"] > c[L]["accuracy_hi"] for L in both):
         return Verdict(f"{shown}; {claim['control']} retrieves within the intervals at every length", TIED)
     return Verdict(shown, MATCHED)
+
+
+# --- schemes paired by seed ---------------------------------------------------------------
+
+
+def _per_seed(rows: list[dict], name: str) -> dict[float, dict]:
+    """multiplier -> {seed: PPL} of one series (the group trained at the
+    shortest length); a run without a seed is kept under None. Raises
+    Ambiguous where the series names runs that are not seed replicas."""
+    mine = _series_rows(rows, name)
+    if not mine:
+        return {}
+    if all(r.get("seed") not in (None, "") for r in mine):
+        _series(rows, name)  # the same check as every other rule: seed replicas, or refuse
+    pick = min(r["train_len"] for r in mine)
+    out = {}
+    for r in mine:
+        if r["train_len"] == pick and isinstance(r.get("ppl"), float):
+            seed = r.get("seed")
+            out.setdefault(round(r["ratio"], 6), {})[None if seed in (None, "") else int(seed)] = r["ppl"]
+    return out
+
+
+def _references(claim: dict) -> list[str]:
+    ref = claim["reference"]
+    return [ref] if isinstance(ref, str) else list(ref)
+
+
+def _paired_against(claim: dict, rows: list[dict], reference: str) -> tuple[str, str]:
+    """(verdict, what decided it) of the series against one reference, paired by seed at every multiplier
+    from `from_multiplier` on."""
+    name, bound = claim["series"], float(claim.get("max_ratio", 1.0))
+    a, b = _per_seed(rows, name), _per_seed(rows, reference)
+    ks = sorted(k for k in a if k in b and k >= float(claim["from_multiplier"]))
+    if not ks:
+        return NOT_COMPARABLE, f"no length >= {claim['from_multiplier']} x L with both {name} and {reference}"
+    unseeded = [n for n, s in ((name, a), (reference, b)) if any(None in s[k] for k in ks)]
+    if unseeded:
+        return NOT_COMPARABLE, (
+            f"{' and '.join(unseeded)} ha{'ve' if len(unseeded) > 1 else 's'} runs without a seed (an evaluation "
+            f"that does not record its checkpoint's): nothing to pair by seed"
+        )
+    parts, verdicts = [], {}
+    for k in ks:
+        common = sorted(set(a[k]) & set(b[k]))
+        st = seed_interval(math.log(a[k][s] / b[k][s]) for s in common)
+        if st is None:
+            return NOT_COMPARABLE, (
+                f"{len(common)} seed{'s' * (len(common) != 1)} of both {name} and {reference} at {k:g} x L: the "
+                f"t-interval over seeds needs 2 or more"
+            )
+        parts.append(f"{k:g} x L {math.exp(st['mean']):.3f} [{math.exp(st['lo']):.3f}, {math.exp(st['hi']):.3f}]")
+        verdicts[k] = in_band((math.exp(st["lo"]), math.exp(st["hi"])), hi=bound)
+        n = st["n"]
+    shown = f"{name} / {reference}, paired over {n} seeds: " + "; ".join(parts)
+    for verdict, why in ((NOT_MATCHED, "above"), (TIED, "straddling")):
+        at = [f"{k:g}" for k, v in verdicts.items() if v == verdict]
+        if at:
+            return verdict, f"{shown} (interval {why} {bound:g} at {', '.join(at)} x L)"
+    return MATCHED, shown
+
+
+@rule(
+    ("series", "reference", "from_multiplier"),
+    lambda c: (
+        f"PPL of {c['series']} / PPL of {' and of '.join(_references(c))}, paired by seed: the 95% t-interval "
+        f"over seeds of the log ratio below ln {float(c.get('max_ratio', 1.0)):g} at every k >= "
+        f"{c['from_multiplier']} x L"
+    ),
+)
+def below_across_seeds(claim: dict, rows: list[dict]) -> Verdict:
+    """The series has a lower PPL than each reference at every multiplier
+    from `from_multiplier` on, across seeds: per seed s the log ratio
+    ln(PPL_series,s / PPL_reference,s) on the same windows, and the 95%
+    t-interval of its mean over the seeds both ran (compare.py's
+    compare_seed_pairs.csv, the same statistics from the same rows: its
+    `holds_across_seeds` is the interval excluding 0) wholly below
+    ln(max_ratio) (max_ratio 1 unless the claim says: "at or below" is a
+    margin such as 1.02). Matched where it is at every such length against
+    every reference; not matched where a ratio's interval lies wholly above
+    the bound at one length; tied where an interval straddles it (training
+    noise decides); not comparable without a length both ran, with fewer
+    than 2 common seeds, or with runs that carry no seed."""
+    found = [(ref, *_paired_against(claim, rows, ref)) for ref in _references(claim)]
+    verdict = next(v for v in (NOT_MATCHED, NOT_COMPARABLE, TIED, MATCHED) if any(f[1] == v for f in found))
+    return Verdict("; ".join(why for _, _, why in found), verdict)
+
+
+# --- a task solved past the training sizes where the control fails -------------------------
+
+
+def _task_point(rows: list[dict], scheme: str, task: str) -> dict | None:
+    runs = [(r["accuracy"], r.get("n")) for r in rows if r["scheme"] == scheme and r["task"] == task]
+    runs = [(a, n) for a, n in runs if a is not None]
+    return {**_point(runs), "runs": len(runs)} if runs else None
+
+
+def _shown_task(name: str, p: dict) -> str:
+    band = p["band"]
+    return (
+        f"{name} {p['accuracy']:.0%}"
+        + (f" [{band[0]:.0%}, {band[1]:.0%}]" if band else "")
+        + (f" ({p['runs']} seeds)" if p["runs"] > 1 else "")
+    )
+
+
+@rule(
+    ("series", "control", "tasks", "min", "max_control"),
+    lambda c: (
+        f"exact match past the training sizes on each of {', '.join(c['tasks'])}: {c['series']} >= {c['min']:.0%} "
+        f"and {c['control']} <= {c['max_control']:.0%}, each whole interval (Wilson, widened by the seed spread)"
+    ),
+    rows="task",
+)
+def task_solved_where_control_fails(claim: dict, rows: list[dict]) -> Verdict:
+    """On every task of `tasks`, the series solves the task past the
+    training sizes (its exact match there, seeds' mean, the whole 95%
+    Wilson interval widened by the seeds' spread at least `min`) where the
+    control does not (its whole interval at most `max_control`). Not matched
+    where the series' interval lies wholly below `min` or the control's
+    wholly above `max_control` on one task (the control solves it too: the
+    task says nothing of the scheme); tied where an interval straddles its
+    bound; not comparable where a task lacks a run of either or a count to
+    make an interval of."""
+    methods = [r for r in rows if r["method"] == "none"]
+    parts, verdicts = [], []
+    for task in claim["tasks"]:
+        s, c = _task_point(methods, claim["series"], task), _task_point(methods, claim["control"], task)
+        if s is None or c is None:
+            missing = " and ".join(n for n, p in ((claim["series"], s), (claim["control"], c)) if p is None)
+            parts.append(f"{task}: no {missing} run")
+            verdicts.append(NOT_COMPARABLE)
+            continue
+        parts.append(f"{task}: {_shown_task(claim['series'], s)} vs {_shown_task(claim['control'], c)}")
+        if s["band"] is None or c["band"] is None:
+            parts[-1] += " (no counts to make intervals of)"
+            verdicts.append(NOT_COMPARABLE)
+            continue
+        mine, theirs = in_band(s["band"], lo=claim["min"]), in_band(c["band"], hi=claim["max_control"])
+        if NOT_MATCHED in (mine, theirs):
+            parts[-1] += (
+                " ("
+                + " and ".join(
+                    w
+                    for w, v in (
+                        (f"{claim['series']} below {claim['min']:.0%}", mine),
+                        (f"{claim['control']} above {claim['max_control']:.0%}", theirs),
+                    )
+                    if v == NOT_MATCHED
+                )
+                + ")"
+            )
+            verdicts.append(NOT_MATCHED)
+        elif TIED in (mine, theirs):
+            parts[-1] += " (an interval straddles its bound)"
+            verdicts.append(TIED)
+        else:
+            verdicts.append(MATCHED)
+    verdict = next(v for v in (NOT_MATCHED, NOT_COMPARABLE, TIED, MATCHED) if v in verdicts)
+    return Verdict("; ".join(parts) + " (exact match past the training sizes)", verdict)

@@ -375,6 +375,7 @@ def evaluate_checkpoint(
         "model": hp["model"],
         "pos": hp["pos"],
         "trained_scaling": hp.get("scaling"),
+        "seed": hp.get("seed"),  # the training seed: its evaluations pair with other runs by seed
         "data": None,
         "eval": eval_options,
         "methods": methods,
