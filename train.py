@@ -118,7 +118,15 @@ def _refuse_group_choices(overrides: list[str], given: str, saved: str):
         )
 
 
+def other_rank_args(argv: list[str]) -> list[str]:
+    """A process other than global rank 0 of a torchrun or srun job shares rank 0's run folder
+    (rope_lm/train/distributed.py) and leaves Hydra's copy of the settings (.hydra/) to rank 0, as
+    Lightning does for the processes it starts itself."""
+    rank = os.environ.get("RANK") if os.environ.get("TORCHELASTIC_RUN_ID") else os.environ.get("SLURM_PROCID")
+    return [*argv, "hydra.output_subdir=null"] if rank not in (None, "", "0") else argv
+
+
 if __name__ == "__main__":
     register_resolvers()
-    sys.argv[1:] = resume_args(sys.argv[1:])
+    sys.argv[1:] = other_rank_args(resume_args(sys.argv[1:]))
     main()

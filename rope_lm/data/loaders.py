@@ -57,14 +57,20 @@ class StepSampler(torch.utils.data.Sampler):
 class LMDataModule(L.LightningDataModule):
     """Train/validation loaders over a TokenCache.
 
-    The training sample order depends only on (seed, global sample index), and
-    the loader starts at the trainer's restored global step, so a resumed run
-    continues exactly where the interrupted one stopped (see StepSampler)."""
+    The training sample order depends only on (seed, global sample index): global
+    rank r of a world of W processes takes samples start + r, start + r + W, ...,
+    so a step's global batch is the same samples however many processes or nodes
+    share it (2 nodes x 1 process read what 1 node x 2 devices read). The loader
+    starts at the samples the run had consumed when its checkpoint was written
+    (kept in the checkpoint by state_dict), so a resumed run continues exactly
+    where the interrupted one stopped, also on another number of processes or
+    nodes, whose global batch may differ (see StepSampler)."""
 
     def __init__(self, cache: TokenCache, cfg: DataConfig, seed: int, accumulate: int = 1):
         super().__init__()
         self.cache, self.cfg, self.seed = cache, cfg, seed
         self.accumulate = accumulate
+        self._restored = None  # (samples consumed, global step) of the checkpoint a resume starts from
         self.train = TokenWindows(cache.tokens("train"), cfg.seq_len)
         self.val = TokenWindows(cache.tokens("valid"), cfg.seq_len, cfg.val_tokens)
         if len(self.train) < cfg.batch_size:
@@ -79,10 +85,26 @@ class LMDataModule(L.LightningDataModule):
                 f"data.seq_len={cfg.seq_len}; lower data.seq_len or raise data.valid_fraction."
             )
 
-    def train_dataloader(self):
+    def samples_at(self, step: int) -> int:
+        """Training samples (over all processes) consumed before `step` (this sitting's global batch
+        counted from the checkpoint it resumed from; a checkpoint written before its count was kept
+        is taken to have had this sitting's global batch)."""
         t = self.trainer
         per_step = self.cfg.batch_size * self.accumulate * t.world_size
-        sampler = StepSampler(len(self.train), self.seed, None, t.global_step * per_step, t.global_rank, t.world_size)
+        samples, since = self._restored or (0, 0)
+        return samples + (step - since) * per_step
+
+    def state_dict(self):
+        step = self.trainer.global_step
+        return {"samples": self.samples_at(step), "step": step}
+
+    def load_state_dict(self, state):
+        self._restored = (int(state["samples"]), int(state["step"]))
+
+    def train_dataloader(self):
+        t = self.trainer
+        start = self.samples_at(t.global_step)
+        sampler = StepSampler(len(self.train), self.seed, None, start, t.global_rank, t.world_size)
         return torch.utils.data.DataLoader(
             self.train,
             batch_size=self.cfg.batch_size,

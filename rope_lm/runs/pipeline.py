@@ -136,6 +136,7 @@ def claim_train(run: RunConfig, out_dir: str, job=None):
     folder = RunFolder(out_dir, bookkeeping=BOOKKEEPING | {CONTROLS_SETTING})
     joined = rank_zero_claim(out_dir)  # another rank of a multi-device run: rank 0 holds the folder
     if joined is not None:
+        folder.joined = True
         return folder, joined
     ckpt = resolve_checkpoint(run.ckpt_path, "ckpt_path") if run.ckpt_path else None
     start = folder.claim(run.raw, run.existing, ckpt, run.trainer.max_steps)
@@ -193,6 +194,7 @@ def _claim_in_job(run: RunConfig, out_dir: str, job):
     timeout = distributed.rendezvous_seconds(run.raw.get("trainer") or {})
     folder = RunFolder(out_dir, bookkeeping=BOOKKEEPING | {CONTROLS_SETTING})
     if job.rank != 0:
+        folder.joined = True
         start = from_record(distributed.share(job, None, None, timeout))
         if isinstance(start, EvaluateOnly):
             return folder, Skip("global rank 0 evaluates the final checkpoint")
@@ -333,6 +335,11 @@ def train_and_evaluate(run: RunConfig | dict, out_dir: str, logger=None, claimed
         trainer.fit(lit, datamodule=datamodule, ckpt_path=ckpt)
     except SIGTERMException as e:  # GracefulStop already saved the checkpoint and partial results
         raise SystemExit(e.code or 128 + signal.SIGTERM) from None
+    except RuntimeError as e:  # another process of the job died (killed, its node lost): one paragraph
+        lost = distributed.lost_peer(job, e)
+        if lost is None:
+            raise
+        raise lost from None
 
     # The final state, whatever the checkpoint interval: `resume=` can extend the run from here.
     final = os.path.join(out_dir, "checkpoints", "last.ckpt")

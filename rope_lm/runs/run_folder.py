@@ -130,6 +130,7 @@ class RunFolder:
         self.checkpoints = checkpoints  # task runs keep no resumable checkpoint
         self._lock = None
         self.new = False  # claimed for a run that started here (its failure may be recorded here)
+        self.joined = False  # another process of a multi-process run: rank 0 claimed it and writes its files
 
     def file(self, name: str) -> str:
         return os.path.join(self.path, name)
@@ -240,6 +241,8 @@ class RunFolder:
         return None if results is None else results.get("config")
 
     def record_settings(self, settings: dict) -> None:
+        if self.joined:
+            return
         import yaml
 
         try:

@@ -27,6 +27,7 @@ BOOKKEEPING = frozenset(
         "trainer.ckpt_every_minutes",
         "trainer.log_every_n_steps",
         "trainer.enable_progress_bar",
+        "trainer.rendezvous_timeout_s",  # how long a torchrun / srun job's processes wait for one another at start
         # Recomputing activations in backward trades time for memory; the numbers are the same.
         "model.activation_checkpointing",
     }

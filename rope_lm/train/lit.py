@@ -126,6 +126,8 @@ class LitLM(L.LightningModule):
         # in between would lose the row for good; the checkpoint carries it (loggers.restore_row).
         if self._pending_row is not None:
             step, loss = self._pending_row
+            if self._trainer is not None and self._trainer.world_size > 1:  # every rank saves: the logged mean
+                loss = self._trainer.strategy.reduce(loss.clone(), reduce_op="mean")
             checkpoint["rope_lm_last_row"] = {"step": step, "metrics": {"train/loss": float(loss)}}
         checkpoint["rope_lm_train_pos_draws"] = self._draws
 

@@ -12,6 +12,7 @@ from rope_lm.core.errors import ConfigError
 from rope_lm.core.typed import signature_annotations, typed, typed_dataclass
 from rope_lm.train.allocator import KeepFreedMemory
 from rope_lm.train.checkpointing import AtomicCheckpointIO, FiniteWeights, GracefulStop
+from rope_lm.train.distributed import StopTogether
 from rope_lm.train.lit import ProgressLog, TokensPerSecond
 
 
@@ -28,6 +29,9 @@ class TrainerConfig:
     compile: bool = False
     skip_nonfinite: int = 0
     sharded: bool = False  # FSDP2 per block over the devices (rope_lm/train/sharding.py; the trainer=fsdp preset)
+    # How long the processes of a torchrun / srun job wait for one another at start (train/distributed.py);
+    # None: distributed.DEFAULT_RENDEZVOUS_S. A None default, so that run.yaml files written before it compare equal.
+    rendezvous_timeout_s: float | None = None
     lightning: dict = field(default_factory=dict)
 
     def validate(self):
@@ -38,6 +42,11 @@ class TrainerConfig:
             raise ConfigError(f"trainer.skip_nonfinite={self.skip_nonfinite} must be 0 or more.")
         if self.ckpt_every_minutes is not None and self.ckpt_every_minutes <= 0:
             raise ConfigError(f"trainer.ckpt_every_minutes={self.ckpt_every_minutes} must be positive (or null).")
+        if self.rendezvous_timeout_s is not None and not self.rendezvous_timeout_s > 0:
+            raise ConfigError(
+                f"trainer.rendezvous_timeout_s={self.rendezvous_timeout_s} must be a positive number of seconds (or "
+                f"null, for 600): how long the processes of a torchrun or srun job wait for one another at start."
+            )
         if self.deterministic not in (True, False, "auto", "warn"):
             raise ConfigError(f"trainer.deterministic={self.deterministic!r} must be true, false, auto or warn.")
 
@@ -87,6 +96,7 @@ def trainer_kwargs(tc: TrainerConfig, out_dir: str, logger, on_stop=None) -> dic
     deterministic = (not cuda) if tc.deterministic == "auto" else tc.deterministic
     ckpt_dir = os.path.join(out_dir, "checkpoints")
     minutes = tc.ckpt_every_minutes
+    graceful = GracefulStop(ckpt_dir, on_stop)
     callbacks = [
         FiniteWeights(),
         ModelCheckpoint(
@@ -107,7 +117,8 @@ def trainer_kwargs(tc: TrainerConfig, out_dir: str, logger, on_stop=None) -> dic
         ),
         TokensPerSecond(every=lightning.get("log_every_n_steps") or 10),
         ProgressLog(),
-        GracefulStop(ckpt_dir, on_stop),
+        StopTogether(graceful),  # before GracefulStop: a stop any process got ends every process after one step
+        graceful,
         KeepFreedMemory(),
     ]
     if logger is not None:
