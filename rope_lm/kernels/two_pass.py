@@ -25,6 +25,13 @@ log-sum-exp; where gradients are needed (its log-sum-exp carries none) or
 off the CPU, each part is written out in float32 over the same key slices,
 scores of at most one block at a time, as the explicit path holds.
 
+A plan with a per-query boundary (AttnPlan.alt_below: Dual Chunk
+Attention, whose far keys of query i are those before alt_below[i], a chunk
+start) runs by runs of queries that share one boundary b: the far part is
+keys 0..b-1, which every such query sees, unmasked; the near part keys b..e-1,
+split into the keys before the block (unmasked) and a causal triangle. Under
+a window both are bands, masked.
+
 What this module cannot serve (unsupported(): a scheme with a bias or
 content-position terms, plan fields it does not know) stays on the explicit
 kernel; attention.choose_kernel asks.
@@ -39,7 +46,7 @@ import torch
 log = logging.getLogger("rope_lm.kernels.two_pass")
 
 # AttnPlan fields this kernel honours; a plan that sets any other stays explicit.
-HONOURED = frozenset({"q_scale", "window", "alt_q_pos", "alt_k_pos", "alt_from"})
+HONOURED = frozenset({"q_scale", "window", "alt_q_pos", "alt_k_pos", "alt_from", "alt_below"})
 # Queries per block on the fused path: the CPU flash kernel re-reads a
 # block's keys for every 32-128 rows of it, so large blocks read keys less
 # often; the masks (band and triangle) grow with the block, not with T.
@@ -93,6 +100,8 @@ def attention(qr, kr, q2, k2, v, plan, q0: int, max_elements: int):
     Hkv = kr.shape[1]
     if H % Hkv:
         raise ValueError(f"{Hkv} key/value heads cannot serve {H} query heads.")
+    if plan.alt_below is not None:
+        return _boundary_attention(qr, kr, q2, k2, v, plan, q0, max_elements)
     G, N = H // Hkv, q0 + t
     w, window = plan.alt_from, plan.window
     # Distance ranges (lo, hi) of each pass; hi None: unbounded.
@@ -113,6 +122,58 @@ def attention(qr, kr, q2, k2, v, plan, q0: int, max_elements: int):
             parts += far_pass.unbounded(w, s, e) if far[1] is None else [far_pass.band(far, s, e)]
         out[:, :, :, s - q0 : e - q0] = _merge(parts, G, e - s).to(out.dtype)
     return out.flatten(1, 2)
+
+
+def _boundary_attention(qr, kr, q2, k2, v, plan, q0: int, max_elements: int):
+    """attention() for a plan with a per-query boundary: query i takes the
+    far rotation over keys j < alt_below[i] and the near one over the rest
+    up to itself, each within the window if there is one."""
+    B, H, t, D = qr.shape
+    Hkv = kr.shape[1]
+    G, N, window = H // Hkv, q0 + t, plan.window
+    below = plan.alt_below[q0:N].tolist()
+    fused = qr.device.type == "cpu" and not _needs_grad(qr, kr, q2, k2, v)
+    block = _block_rows(B, H, G, t, N, window or 0, fused, max_elements)
+    masks = _Masks()
+    near_pass = _Pass(qr, kr, v, q0, G, fused, masks)
+    far_pass = _Pass(q2, k2, v, q0, G, fused, masks)
+    blocks, s = [], q0
+    while s < N:  # blocks of at most `block` queries that share one boundary
+        b, e = below[s - q0], s + 1
+        while e < min(N, s + block) and below[e - q0] == b:
+            e += 1
+        masks.new_block()
+        lo = max(0, s - window + 1) if window else 0  # the first key any query of the block sees
+        parts = []
+        if window:
+            parts.append(near_pass.span(s, e, max(b, lo), e, window))
+        else:
+            if s > b:
+                parts.append(near_pass.span(s, e, b, s, None, causal=False))
+            parts.append(near_pass.span(s, e, s, e, None))
+        if b > lo:
+            # the queries that still see a key before b: under a window, the first ones of the block
+            last = min(e, b + window - 1) if window else e
+            parts.append(far_pass.span(s, last, lo, b, window, causal=False))
+        blocks.append(_merge_rows(parts, G, s, e))
+        s = e
+    return torch.cat(blocks, dim=3).to(qr.dtype).flatten(1, 2)
+
+
+def _merge_rows(parts, G, s, e):
+    """A block's output (B, Hkv, G, e - s, D) in float32 from its parts
+    (first row, (output, lse)), each covering a run of the rows; the first
+    covers all of them (every query sees a near key: itself)."""
+    (_, (out, lse)), rest = parts[0], parts[1:]
+    out, lse = out.float().unflatten(2, (G, -1)), lse.unflatten(2, (G, -1))
+    for r, (o, l) in rest:
+        o, l = o.float().unflatten(2, (G, -1)), l.unflatten(2, (G, -1))
+        a, z = r - s, r - s + o.shape[3]
+        share = torch.sigmoid(l - lse[..., a:z])[..., None]
+        merged = torch.lerp(out[..., a:z, :], o, share)
+        out = torch.cat((out[..., :a, :], merged, out[..., z:, :]), dim=3)
+        lse = torch.cat((lse[..., :a], torch.logaddexp(lse[..., a:z], l), lse[..., z:]), dim=3)
+    return out
 
 
 def _needs_grad(*tensors) -> bool:
@@ -191,6 +252,22 @@ class _Pass:
             keys = slice(cut, cut + n)
             parts.append((r0 + 1, self.run(self._rows(r0 + 1, e), self.k[:, :, keys], self.v[:, :, keys], mask)))
         return parts
+
+    def span(self, r0, r1, k0, k1, window, causal=True):
+        """Queries r0..r1-1 over keys k0..k1-1: causal (j <= i) and within
+        the window where asked; no mask where every pair is allowed."""
+        needs = (causal and k1 - 1 > r0) or (window and r1 - 1 - k0 >= window)
+        mask = None
+        if needs:
+
+            def allowed(device):
+                i = torch.arange(r0 - k0, r1 - k0, device=device)[:, None]
+                j = torch.arange(k1 - k0, device=device)[None, :]
+                ok = (j <= i) if causal else torch.ones(i.shape[0], j.shape[1], dtype=torch.bool, device=device)
+                return ok & (i - j < window) if window else ok
+
+            mask = self._mask(("span", r0 - k0, r1 - r0, k1 - k0, window, causal), allowed)
+        return r0, self.run(self._rows(r0, r1), self.k[:, :, k0:k1], self.v[:, :, k0:k1], mask)
 
     def _rows(self, r0, r1):
         """Queries r0..r1-1 (absolute) folded into rows, (B, Hkv, G * n, D)."""
