@@ -42,3 +42,13 @@ def refuse_sink_logits(scheme, plan) -> None:
             f"learned sink logits (model.sink_logits) have nothing to join; turn model.sink_logits off for "
             f"its layers, or use a softmax scheme (fox, cable, cope, rope, alibi, ...)."
         )
+
+
+def masked_softmax(logits, allowed, sink_logits):
+    """float32 probabilities of (B, H, tq, tk) logits over the allowed pairs,
+    with gpt-oss's sink logits (H,) in the denominator where given."""
+    logits = logits.float().masked_fill(~allowed, float("-inf"))
+    if sink_logits is None:
+        return torch.softmax(logits, dim=-1)
+    sink = sink_logits.float().reshape(1, -1, 1, 1).expand(*logits.shape[:-1], 1)
+    return torch.softmax(torch.cat((logits, sink), -1), dim=-1)[..., :-1]

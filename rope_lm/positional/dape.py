@@ -43,7 +43,7 @@ import torch.nn.functional as F
 from rope_lm.core.errors import ConfigError
 from rope_lm.core.typed import signature_annotations, typed
 from rope_lm.positional import SCHEMES
-from rope_lm.positional._content import allowed_pairs, query_blocks
+from rope_lm.positional._content import allowed_pairs, masked_softmax, query_blocks
 from rope_lm.positional.base import PositionalScheme
 
 BIASES = ("alibi", "kerple", "fire")
@@ -60,16 +60,6 @@ class DapeMLP(nn.Module):
         self.b1 = nn.Parameter(torch.empty(width).uniform_(-bound1, bound1))
         self.w2 = nn.Parameter(torch.empty(n_head, width).uniform_(-bound2, bound2))
         self.b2 = nn.Parameter(torch.empty(n_head).uniform_(-bound2, bound2))
-
-
-def masked_softmax(logits, allowed, sink_logits):
-    """float32 probabilities of (B, H, tq, tk) logits over the allowed pairs,
-    with gpt-oss's sink logits (H,) in the denominator where given."""
-    logits = logits.float().masked_fill(~allowed, float("-inf"))
-    if sink_logits is None:
-        return torch.softmax(logits, dim=-1)
-    sink = sink_logits.float().reshape(1, -1, 1, 1).expand(*logits.shape[:-1], 1)
-    return torch.softmax(torch.cat((logits, sink), -1), dim=-1)[..., :-1]
 
 
 @SCHEMES.register("dape")

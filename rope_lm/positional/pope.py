@@ -46,20 +46,10 @@ import torch.nn.functional as F
 
 from rope_lm.core.errors import ConfigError
 from rope_lm.positional import SCHEMES
-from rope_lm.positional._content import allowed_pairs, query_blocks
+from rope_lm.positional._content import allowed_pairs, masked_softmax, query_blocks
 from rope_lm.positional.base import PositionalScheme, RotarySpec
 
 PHASE_RANGE = (-2 * math.pi, 0.0)
-
-
-def masked_softmax(logits, allowed, sink_logits):
-    """float32 probabilities of (B, H, tq, tk) logits over the allowed pairs,
-    with gpt-oss's sink logits (H,) in the denominator where given."""
-    logits = logits.float().masked_fill(~allowed, float("-inf"))
-    if sink_logits is None:
-        return torch.softmax(logits, dim=-1)
-    sink = sink_logits.float().reshape(1, -1, 1, 1).expand(*logits.shape[:-1], 1)
-    return torch.softmax(torch.cat((logits, sink), -1), dim=-1)[..., :-1]
 
 
 @SCHEMES.register("pope")
