@@ -15,6 +15,7 @@ import torch
 import torch.nn.attention.flex_attention  # noqa: F401 (its module is patched below)
 import yaml
 
+from rope_lm.core import flex as flex_kernel
 from rope_lm.core.errors import ConfigError
 from rope_lm.kernels import attention
 from rope_lm.kernels.attention import AttnPlan, attend, choose_kernel, explicit_attention, flex_path
@@ -339,7 +340,7 @@ def test_a_failed_flex_compile_falls_back_to_sdpa(monkeypatch):
 
         return lambda *a, **kw: flex_attention(*a, **kw)
 
-    monkeypatch.setattr(attention, "_flex_fn", no_compiler)
+    monkeypatch.setattr(flex_kernel, "flex_fn", no_compiler)
     scheme, pos, plan = make_scheme("t5"), positions("int"), AttnPlan(window=6)
     with torch.no_grad():
         q, k, v = (torch.randn(B, DIMS.n_head, T, DIMS.head_dim) for _ in range(3))

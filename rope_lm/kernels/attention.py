@@ -43,15 +43,14 @@ blocked SDPA mask, which an evaluation over 5 lengths never earns back
 """
 
 from dataclasses import dataclass
-import logging
 import math
 
 import torch
 import torch.nn.functional as F
 
+from rope_lm.core import flex as flex_kernel
+from rope_lm.core.visible_keys import block_keys, key_index, pair_mask
 from rope_lm.kernels import distance_bias, two_pass
-
-log = logging.getLogger("rope_lm.kernels.attention")
 
 KERNELS = ("auto", "sdpa", "flex", "explicit")
 # Largest score block (elements) held at once; beyond it queries are processed
@@ -109,7 +108,7 @@ def flex_supported(scheme) -> bool:
 
 
 def flex_usable(scheme, device: torch.device, needs_grad: bool) -> bool:
-    if not flex_supported(scheme) or device.type in getattr(scheme, "flex_failed_on", ()):
+    if not flex_supported(scheme) or flex_kernel.failed_on(scheme, device):
         return False
     # torch raises NotImplementedError for flex backward on CPU.
     return not (needs_grad and (device.type == "cpu" or not scheme.flex_trains))
@@ -186,13 +185,9 @@ def _query_blocks(B, H, T, min_queries=1, offset=0):
 
 def _mask(T_q0, T_q1, T_k, plan, device, k0=0):
     """Boolean mask of allowed pairs for queries T_q0..T_q1-1 over keys k0..T_k-1."""
-    i = torch.arange(T_q0, T_q1, device=device)[:, None]
-    j = torch.arange(k0, T_k, device=device)[None, :]
-    allowed = j <= i
-    if plan.window:
-        near = i - j < plan.window
-        allowed = allowed & (near | (j < plan.sink_tokens) if plan.sink_tokens else near)
-    return allowed
+    return pair_mask(
+        torch.arange(T_q0, T_q1, device=device), torch.arange(k0, T_k, device=device), plan.window, plan.sink_tokens
+    )
 
 
 def _window_keys(s, e, plan, device):
@@ -200,12 +195,8 @@ def _window_keys(s, e, plan, device):
     or None). Under a window, keys before the first query's window are
     dropped (a sliding-window layer costs T x (window + block), not T x T);
     with sink tokens the first ones are kept too, as an index tensor."""
-    k0 = max(0, s - plan.window + 1) if plan.window else 0
-    if not plan.sink_tokens:
-        return k0, None
-    if k0 <= plan.sink_tokens:
-        return 0, None
-    return k0, torch.cat((torch.arange(plan.sink_tokens, device=device), torch.arange(k0, e, device=device)))
+    k0, sinks = block_keys(s, plan.window, plan.sink_tokens)
+    return k0, key_index(k0, sinks, e, device)
 
 
 def _with_sink_key(q, k, v, sink):
@@ -432,37 +423,6 @@ def _offset_sdpa(q, k, v, scheme, layer, pos, plan, ctx, q0):
     return torch.cat(out, dim=2)
 
 
-_compiled_flex = None
-
-
-def _flex_fn(compiled: bool):
-    from torch.nn.attention.flex_attention import flex_attention
-
-    global _compiled_flex
-    if not compiled:
-        return flex_attention
-    if _compiled_flex is None:
-        _compiled_flex = torch.compile(flex_attention, dynamic=False)
-    return _compiled_flex
-
-
-def _block_mask(T, window, device, ctx, sink_tokens=0):
-    from torch.nn.attention.flex_attention import create_block_mask
-
-    key = ("flex_block_mask", T, window, sink_tokens, str(device))
-    if key not in ctx.memo:
-
-        def mask_mod(b, h, q_idx, kv_idx):
-            allowed = kv_idx <= q_idx
-            if window:
-                near = q_idx - kv_idx < window
-                allowed = allowed & ((near | (kv_idx < sink_tokens)) if sink_tokens else near)
-            return allowed
-
-        ctx.memo[key] = create_block_mask(mask_mod, None, None, T, T, device=device)
-    return ctx.memo[key]
-
-
 def flex_path(q, k, v, scheme, layer, pos, plan, ctx, compiled: bool = True):
     """Flex attention on rotated, scaled q and k; None when it cannot run
     here (the scheme offers no score_mod for these positions, or compiling
@@ -473,33 +433,11 @@ def flex_path(q, k, v, scheme, layer, pos, plan, ctx, compiled: bool = True):
         score_mod = scheme.score_mod(layer, pos, ctx)
         if score_mod is None:
             return None
-    block_mask = _block_mask(q.shape[2], plan.window, q.device, ctx, plan.sink_tokens)
+    mask = flex_kernel.block_mask(q.shape[2], plan.window, plan.sink_tokens, q.device, ctx.memo)
     try:
-        return _flex_with_sinks(_flex_fn(compiled), q, k, v, score_mod, block_mask, plan)
+        return flex_kernel.with_sinks(flex_kernel.flex_fn(compiled), q, k, v, score_mod, mask, plan.sink_logits)
     except Exception as e:
         if not compiled or torch.compiler.is_compiling():
             raise
-        # Remembered on this scheme instance (this model) only: no C++ compiler
-        # or Triton on that device, or a score_mod it cannot lower.
-        scheme.flex_failed_on = getattr(scheme, "flex_failed_on", frozenset()) | {q.device.type}
-        log.warning(
-            "Compiled flex attention is unavailable for %s on %s (%s: %s); using sdpa.",
-            scheme.name,
-            q.device.type,
-            type(e).__name__,
-            str(e).splitlines()[0] if str(e) else "",
-        )
+        flex_kernel.remember_failure(scheme, q.device, e)
         return None
-
-
-def _flex_with_sinks(flex, q, k, v, score_mod, block_mask, plan):
-    """Flex attention; learned sink logits merged through its log-sum-exp:
-    with the sink in the denominator every weight shrinks by
-    exp(lse) / (exp(lse) + exp(sink)) = sigmoid(lse - sink)."""
-    if plan.sink_logits is None:
-        return flex(q, k, v, score_mod=score_mod, block_mask=block_mask)
-    from torch.nn.attention.flex_attention import AuxRequest
-
-    out, aux = flex(q, k, v, score_mod=score_mod, block_mask=block_mask, return_aux=AuxRequest(lse=True))
-    keep = torch.sigmoid(aux.lse.float() - plan.sink_logits.float()[None, :, None])
-    return (out * keep[..., None].to(out.dtype)).to(out.dtype)

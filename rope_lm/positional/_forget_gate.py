@@ -32,15 +32,13 @@ the heads' difference (exact where the two are within a factor of two) to the
 remainders'.
 """
 
-import logging
 import math
 
 import torch
 import torch.nn.functional as F
 
-from rope_lm.positional._content import allowed_pairs, query_blocks
-
-log = logging.getLogger("rope_lm.positional.forget_gate")
+from rope_lm.core import flex as flex_kernel
+from rope_lm.positional._content import allowed_pairs, block_key_range, masked_softmax, query_blocks
 
 TERM = "log_gate"  # the per-token term, (B, H, T, 1) float32, that token_terms gives and a KV cache keeps
 
@@ -49,15 +47,6 @@ def cumulative(log_gate: torch.Tensor) -> torch.Tensor:
     """c (B, H, N): c_i = g_0 + ... + g_i, in float64 where the device has it."""
     dtype = torch.float32 if log_gate.device.type == "mps" else torch.float64
     return log_gate[..., 0].to(dtype).cumsum(-1)
-
-
-def _with_sinks(scores: torch.Tensor, sink_logits) -> torch.Tensor:
-    """Float32 softmax over the keys, a learned sink logit per head joining
-    the denominator (gpt-oss) when given."""
-    if sink_logits is None:
-        return torch.softmax(scores, dim=-1)
-    sink = sink_logits.float().reshape(1, -1, 1, 1).expand(*scores.shape[:-1], 1)
-    return torch.softmax(torch.cat((scores, sink), -1), dim=-1)[..., :-1]
 
 
 def explicit(q, k, v, log_gate, plan) -> torch.Tensor:
@@ -73,22 +62,9 @@ def explicit(q, k, v, log_gate, plan) -> torch.Tensor:
         scores = (q[:, :, s - q0 : e - q0] @ k[:, :, :e].transpose(-1, -2)).float() / math.sqrt(D)
         scores = scores + (c[:, :, s:e, None] - c[:, :, None, :e]).float()
         allowed = allowed_pairs(torch.arange(s, e, device=q.device), torch.arange(e, device=q.device), plan)
-        probs = _with_sinks(scores.masked_fill(~allowed, float("-inf")), plan.sink_logits)
+        probs = masked_softmax(scores, allowed, plan.sink_logits)
         out.append(probs.to(v.dtype) @ v[:, :, :e])
     return torch.cat(out, dim=2)
-
-
-def _visible_keys(s: int, e: int, plan, device):
-    """The keys queries s..e-1 can see at all, as (first key, index or None):
-    under a window, keys before the first query's window are left out (the
-    masked path then costs T x (window + block), not T x T); with sink tokens
-    those stay, as an index tensor."""
-    k0 = max(0, s - plan.window + 1) if plan.window else 0
-    if not plan.sink_tokens:
-        return k0, None
-    if k0 <= plan.sink_tokens:  # the sinks run into the window: every key from the first
-        return 0, None
-    return k0, torch.cat((torch.arange(plan.sink_tokens, device=device), torch.arange(k0, e, device=device)))
 
 
 def masked_sdpa(q, k, v, log_gate, plan) -> torch.Tensor:
@@ -101,7 +77,7 @@ def masked_sdpa(q, k, v, log_gate, plan) -> torch.Tensor:
     sinks = plan.sink_logits
     out = []
     for s, e in query_blocks(B, H, q0, N, per_pair=2):
-        k0, index = _visible_keys(s, e, plan, q.device)
+        k0, index = block_key_range(s, e, plan, q.device)
         keys = torch.arange(k0, e, device=q.device) if index is None else index
         kb, vb = (k[:, :, k0:e], v[:, :, k0:e]) if index is None else (k[:, :, index], v[:, :, index])
         ref = c[:, :, s : s + 1]  # per-block offset: near pairs keep their own precision
@@ -120,39 +96,6 @@ def masked_sdpa(q, k, v, log_gate, plan) -> torch.Tensor:
     return torch.cat(out, dim=2)
 
 
-_compiled_flex = None
-
-
-def _flex_fn(compiled: bool):
-    from torch.nn.attention.flex_attention import flex_attention
-
-    global _compiled_flex
-    if not compiled:
-        return flex_attention
-    if _compiled_flex is None:
-        _compiled_flex = torch.compile(flex_attention, dynamic=False)
-    return _compiled_flex
-
-
-def _block_mask(T: int, plan, device, ctx):
-    """Causal (windowed, with sink tokens) block mask, once per forward (ctx.memo) for every layer."""
-    from torch.nn.attention.flex_attention import create_block_mask
-
-    window, sink_tokens = plan.window, plan.sink_tokens
-    key = ("forget_gate_block_mask", T, window, sink_tokens, str(device))
-    if key not in ctx.memo:
-
-        def mask_mod(b, h, q_idx, kv_idx):
-            allowed = kv_idx <= q_idx
-            if window:
-                near = q_idx - kv_idx < window
-                allowed = allowed & ((near | (kv_idx < sink_tokens)) if sink_tokens else near)
-            return allowed
-
-        ctx.memo[key] = create_block_mask(mask_mod, None, None, T, T, device=device)
-    return ctx.memo[key]
-
-
 def flex(q, k, v, log_gate, plan, ctx, compiled: bool = True) -> torch.Tensor:
     """FlexAttention over a full sequence (q, k, v all (B, H, T, D)): the
     score_mod adds c[b, h, q_idx] - c[b, h, kv_idx], c split into a float32
@@ -168,16 +111,8 @@ def flex(q, k, v, log_gate, plan, ctx, compiled: bool = True) -> torch.Tensor:
     def score_mod(score, b, h, q_idx, kv_idx):
         return score + (head[b, h, q_idx] - head[b, h, kv_idx]) + (rest_q[b, h, q_idx] + rest_k[b, h, kv_idx])
 
-    block_mask = _block_mask(q.shape[2], plan, q.device, ctx)
-    fn = _flex_fn(compiled)
-    if plan.sink_logits is None:
-        return fn(q, k, v, score_mod=score_mod, block_mask=block_mask)
-    from torch.nn.attention.flex_attention import AuxRequest
-
-    # With the sink in the denominator every weight shrinks by exp(lse) / (exp(lse) + exp(sink)).
-    out, aux = fn(q, k, v, score_mod=score_mod, block_mask=block_mask, return_aux=AuxRequest(lse=True))
-    keep = torch.sigmoid(aux.lse.float() - plan.sink_logits.float()[None, :, None])
-    return (out * keep[..., None].to(out.dtype)).to(out.dtype)
+    mask = flex_kernel.block_mask(q.shape[2], plan.window, plan.sink_tokens, q.device, ctx.memo)
+    return flex_kernel.with_sinks(flex_kernel.flex_fn(compiled), q, k, v, score_mod, mask, plan.sink_logits)
 
 
 def attention(scheme, q, k, v, log_gate, plan, ctx, kernel: str) -> torch.Tensor:
@@ -193,7 +128,7 @@ def attention(scheme, q, k, v, log_gate, plan, ctx, kernel: str) -> torch.Tensor
     if (
         wants_flex
         and q.shape[2] == k.shape[2]
-        and q.device.type not in getattr(scheme, "flex_failed_on", ())
+        and not flex_kernel.failed_on(scheme, q.device)
         and not (needs_grad and (q.device.type == "cpu" or not scheme.flex_trains))
     ):
         try:
@@ -201,12 +136,5 @@ def attention(scheme, q, k, v, log_gate, plan, ctx, kernel: str) -> torch.Tensor
         except Exception as e:
             if torch.compiler.is_compiling():
                 raise
-            scheme.flex_failed_on = getattr(scheme, "flex_failed_on", frozenset()) | {q.device.type}
-            log.warning(
-                "Compiled flex attention is unavailable for %s on %s (%s: %s); using sdpa.",
-                scheme.name,
-                q.device.type,
-                type(e).__name__,
-                str(e).splitlines()[0] if str(e) else "",
-            )
+            flex_kernel.remember_failure(scheme, q.device, e)
     return masked_sdpa(q, k, v, log_gate, plan)

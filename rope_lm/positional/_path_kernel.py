@@ -29,7 +29,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from rope_lm.positional._content import MAX_SCORE_ELEMENTS, allowed_pairs, query_blocks
+from rope_lm.positional._content import MAX_SCORE_ELEMENTS, allowed_pairs, masked_softmax, query_blocks
 
 CHUNK = 64
 
@@ -50,13 +50,7 @@ def _gate_bias(cum, s: int, e: int, k0: int, k1: int):
 
 def _softmax_values(scores, v, mask, sink_logits, out_dtype):
     """Masked softmax (learned sink logits joining the denominator) times v."""
-    scores = scores.masked_fill(~mask, float("-inf"))
-    if sink_logits is not None:
-        sink = sink_logits.to(scores.dtype).reshape(1, -1, 1, 1).expand(*scores.shape[:-1], 1)
-        probs = torch.softmax(torch.cat((scores, sink), -1), dim=-1)[..., :-1]
-    else:
-        probs = torch.softmax(scores, dim=-1)
-    return (probs @ v).to(out_dtype)
+    return (masked_softmax(scores, mask, sink_logits) @ v).to(out_dtype)
 
 
 def explicit(q, k, v, w, beta, gate, plan=None, sink_logits=None):

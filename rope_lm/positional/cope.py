@@ -49,8 +49,9 @@ from torch import nn
 import torch.nn.functional as F
 
 from rope_lm.core.errors import ConfigError
+from rope_lm.core.visible_keys import block_keys
 from rope_lm.positional import SCHEMES
-from rope_lm.positional._content import allowed_pairs, query_blocks
+from rope_lm.positional._content import allowed_pairs, masked_softmax, query_blocks
 from rope_lm.positional.base import PositionalScheme
 
 # float32 (B, H, queries, keys) tensors the fast path holds per pair at once.
@@ -96,12 +97,7 @@ class CoPE(PositionalScheme):
         return 1.0 / math.sqrt(D) if self.scale_positions else 1.0
 
     def _softmax_values(self, logits, allowed, vb, plan):
-        logits = logits.masked_fill(~allowed, float("-inf"))
-        if plan is not None and plan.sink_logits is not None:
-            sink = plan.sink_logits.to(logits.dtype).reshape(1, -1, 1, 1).expand(*logits.shape[:-1], 1)
-            probs = torch.softmax(torch.cat((logits, sink), -1), dim=-1)[..., :-1]
-        else:
-            probs = torch.softmax(logits, dim=-1)
+        probs = masked_softmax(logits, allowed, None if plan is None else plan.sink_logits)
         return probs.to(vb.dtype) @ vb
 
     def _explicit_block(self, layer, qb, k, v, s, e, plan):
@@ -127,7 +123,7 @@ class CoPE(PositionalScheme):
         from the (B, H, tq, npos_max) products q . e[n]."""
         D = qb.shape[-1]
         device = qb.device
-        k0, sinks = _visible_keys(s, plan)
+        k0, sinks = (0, 0) if plan is None else block_keys(s, plan.window, plan.sink_tokens)
         kb, vb = _descending(k, k0, e, sinks), _descending(v, k0, e, sinks)
         keys = _descending(torch.arange(e, device=device)[None, None, :, None], k0, e, sinks)[0, 0, :, 0]
         allowed = allowed_pairs(torch.arange(s, e, device=device), keys, plan)
@@ -143,17 +139,6 @@ class CoPE(PositionalScheme):
         idx = lo.long()
         term = z.gather(-1, idx) + (p - lo) * step.gather(-1, idx)
         return self._softmax_values(scores + term, allowed, vb, plan)
-
-
-def _visible_keys(s, plan):
-    """(k0, sinks): queries from s on see no key below k0 but the first
-    `sinks` (a window's start, StreamingLLM's sink tokens); (0, 0) without a window."""
-    window = plan.window if plan is not None else None
-    if not window:
-        return 0, 0
-    k0 = max(0, s - window + 1)
-    sinks = plan.sink_tokens
-    return (0, 0) if k0 <= sinks else (k0, sinks)
 
 
 def _descending(x, k0, e, sinks):

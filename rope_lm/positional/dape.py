@@ -109,7 +109,7 @@ class DAPE(PositionalScheme):
             bias = self.bias_scheme.bias(layer, pos[s:e], pos[:e], ctx).to(scores.dtype)
             logits = block(layer, scores, bias)
             allowed = allowed_pairs(torch.arange(s, e, device=q.device), torch.arange(e, device=q.device), plan)
-            probs = masked_softmax(logits, allowed, plan.sink_logits)
+            probs = masked_softmax(logits.float(), allowed, plan.sink_logits)
             out.append(probs.to(v.dtype) @ v[:, :, :e])
         return torch.cat(out, dim=2)
 

@@ -116,7 +116,7 @@ class PoPE(PositionalScheme):
             if gain is not None:
                 logits = logits * gain[rows]
             allowed = allowed_pairs(torch.arange(s, e, device=q.device), torch.arange(e, device=q.device), plan)
-            probs = masked_softmax(logits, allowed, plan.sink_logits)
+            probs = masked_softmax(logits.float(), allowed, plan.sink_logits)
             out.append(probs.to(v.dtype) @ v[:, :, :e])
         return torch.cat(out, dim=2)
 
@@ -166,7 +166,7 @@ class PoPE(PositionalScheme):
             if two_pass:
                 far = _index_distance(s, e, q.device) >= plan.alt_from
                 logits = torch.where(far, (q2[:, :, rows] @ k2[:, :, :e].transpose(-1, -2)) * scale, logits)
-            probs = masked_softmax(logits, allowed, plan.sink_logits)
+            probs = masked_softmax(logits.float(), allowed, plan.sink_logits)
             out.append(probs.to(v.dtype) @ v[:, :, :e])
         return torch.cat(out, dim=2)
 

@@ -64,7 +64,7 @@ import torch.nn.functional as F
 
 from rope_lm.core.errors import ConfigError
 from rope_lm.positional import SCHEMES
-from rope_lm.positional._content import allowed_pairs, query_blocks, refuse_sink_logits
+from rope_lm.positional._content import allowed_pairs, block_key_range, query_blocks, refuse_sink_logits
 from rope_lm.positional._stick_breaking_kernel import stick_breaking_block, wide
 from rope_lm.positional.base import PositionalScheme
 
@@ -128,7 +128,8 @@ class StickBreaking(PositionalScheme):
         q0 = T - t
         out = []
         for s, e in query_blocks(B, H, q0, T, per_pair=3):
-            keys = _block_keys(s, e, plan, q.device).flip(0)  # nearest first
+            k0, index = block_key_range(s, e, plan, q.device)
+            keys = (torch.arange(k0, e, device=q.device) if index is None else index).flip(0)  # nearest first
             i = torch.arange(s, e, device=q.device)
             seen = self.visible(i, keys, plan)
             own = v[:, :, s:e] if self.remainder == "current" else None
@@ -143,14 +144,3 @@ class StickBreaking(PositionalScheme):
                 )
             )
         return torch.cat(out, dim=2)
-
-
-def _block_keys(s, e, plan, device):
-    """Ascending indices of the keys any query s..e-1 can see: under a window,
-    none before the first query's window but the sink tokens."""
-    if not (plan is not None and plan.window):
-        return torch.arange(e, device=device)
-    k0 = max(0, s - plan.window + 1)
-    sinks = min(plan.sink_tokens, k0)
-    near = torch.arange(k0, e, device=device)
-    return torch.cat((torch.arange(sinks, device=device), near)) if sinks else near
