@@ -38,6 +38,7 @@ from rope_lm.eval.results import git_commit
 from rope_lm.probes import diagnostics as D
 from rope_lm.probes import key_tokens as K
 from rope_lm.probes import repeated_span as RS
+from rope_lm.probes.existing import check_existing
 from rope_lm.runs.trained import checkpoint_token_cache, open_model
 from rope_lm.scaling import METHODS
 
@@ -151,14 +152,7 @@ def check(s: LongRangeSettings) -> tuple[list[str], RepeatedSpanSettings, KeyTok
         raise ConfigError(f"bootstrap={s.bootstrap!r} must be a whole number of resamples (1000; 0: no intervals).")
     if s.batch_tokens < 1:
         raise ConfigError(f"batch_tokens={s.batch_tokens} must be a positive number of tokens per forward pass.")
-    if s.existing not in ("refuse", "continue"):
-        raise ConfigError(
-            f"existing={s.existing!r} is not an option; use refuse (an out= folder holding results is refused) or "
-            f"continue (go on with the distances and lengths an earlier run of the same settings scored in out=; "
-            f"needs out=)."
-        )
-    if s.existing == "continue" and not s.out:
-        raise ConfigError("existing=continue goes on in the out= folder of an earlier run: give that folder as out=.")
+    check_existing(s.existing, s.out, "results", "the distances and lengths an earlier run of the same settings scored")
     held = _earlier_files(s.out) if s.existing == "refuse" and s.out else []
     if held:
         raise ConfigError(

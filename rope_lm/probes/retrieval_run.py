@@ -23,6 +23,7 @@ from rope_lm.core.stops import rerun_command, signal_status, signals_stop
 from rope_lm.probes import diagnostics as D
 from rope_lm.probes import passkey as P
 from rope_lm.probes import retrieval as R
+from rope_lm.probes.existing import check_existing
 from rope_lm.runs.trained import open_model
 
 log = logging.getLogger("rope_lm")
@@ -63,14 +64,7 @@ def check(s: RetrievalSettings) -> tuple[dict, float, bool]:
             f"haystack={s.haystack!r} must be corpus (the checkpoint's own evaluation text) or "
             f"filler (the passkey papers' repeated sentences)."
         )
-    if s.existing not in ("refuse", "continue"):
-        raise ConfigError(
-            f"existing={s.existing!r} is not an option; use refuse (an out= folder holding files is "
-            f"refused) or continue (go on with the cells an earlier run with the same settings scored "
-            f"in out=; needs out=)."
-        )
-    if s.existing == "continue" and not s.out:
-        raise ConfigError("existing=continue goes on in the out= folder of an earlier run: give that folder as out=.")
+    check_existing(s.existing, s.out, "files", "the cells an earlier run with the same settings scored")
     if s.existing == "refuse" and s.out and os.path.exists(os.path.join(s.out, R.CELLS)):
         raise ConfigError(
             f"out={s.out} holds the cells of an earlier retrieval run ({R.CELLS}); a run never writes over "

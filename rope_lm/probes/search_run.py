@@ -29,6 +29,7 @@ import time
 
 from rope_lm.core.errors import ConfigError, Interrupted, OutputError
 from rope_lm.core.stops import rerun_command, signal_status, signals_stop
+from rope_lm.probes.existing import check_existing
 
 log = logging.getLogger("rope_lm")
 
@@ -83,13 +84,13 @@ def search_checkpoint(
         raise ConfigError(
             "Give one model: ckpt= (a .ckpt file or a run directory) or hf= (a transformers model folder or hub name)."
         )
-    if s.existing not in ("refuse", "continue"):
-        raise ConfigError(
-            f"existing={s.existing!r} is not an option; use refuse (an out= folder holding files is refused) or "
-            f"continue (go on with the trials a stopped search of the same model and settings kept in out=; needs out=)."
-        )
-    if s.existing == "continue" and not s.out:
-        raise ConfigError("existing=continue goes on in the out= folder of a stopped search: give that folder as out=.")
+    check_existing(
+        s.existing,
+        s.out,
+        "files",
+        "the trials a stopped search of the same model and settings kept",
+        "a stopped search",
+    )
     if s.out:  # before the model is opened, not at the first file
         from rope_lm.runs.run_folder import check_writable
 
