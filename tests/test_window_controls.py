@@ -7,7 +7,6 @@ it again."""
 import copy
 import json
 import os
-import sys
 
 import numpy as np
 import pytest
@@ -244,36 +243,15 @@ def test_a_control_added_to_a_finished_run_is_evaluated_without_training_it_agai
 def test_eval_extrapolation_adds_a_control_to_a_finished_evaluation(tiny_corpus, tmp_path):
     """scripts/eval_extrapolation.py eval.controls=[window] existing=continue on a complete folder evaluates
     only the control (the method's rows kept as they were), then pairs them."""
-    from tests import forked
     from tests.conftest import ROOT
+    from tests.test_evaluation_continues_the_same_model import evaluate
 
     fixture = os.path.join(ROOT, "tests", "fixtures", "run_before_house")
-
-    def evaluate(*extra):
-        proc = forked.run(
-            [
-                sys.executable,
-                os.path.join(ROOT, "scripts", "eval_extrapolation.py"),
-                f"ckpt={fixture}",
-                f"data.path={tiny_corpus}",
-                f"data.cache_dir={tmp_path}/cache",
-                "eval.multipliers=[1,2]",
-                "eval.token_budget=128",
-                "eval.batch_tokens=128",
-                f"out={out}",
-                *extra,
-            ],
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        return proc.returncode, " ".join((proc.stdout + proc.stderr).split())
-
     out = str(tmp_path / "eval")
-    rc, text = evaluate()
+    rc, text = evaluate(fixture, out, tiny_corpus)
     assert rc == 0, text
     first = json.load(open(os.path.join(out, "results.json")))
-    rc, text = evaluate("eval.controls=[window]", "existing=continue")
+    rc, text = evaluate(fixture, out, tiny_corpus, "eval.controls=[window]", "existing=continue")
     assert rc == 0, text
     both = json.load(open(os.path.join(out, "results.json")))
     kept = [{k: v for k, v in r.items() if k != "controls"} for r in both["results"] if r["method"] == "none"]
