@@ -129,12 +129,7 @@ def _assembled(module: str, given: str) -> str | None:
     if not callable(assemble):
         return None
     root = converted_root()
-    try:
-        os.makedirs(root, exist_ok=True)
-    except OSError as e:
-        raise ConfigError(
-            f"The GGUF cache {root} cannot be made ({e.strerror}); set ROPE_LM_GGUF_CACHE to a writable folder."
-        ) from None
+    _make_cache(root)
     from filelock import FileLock
 
     with FileLock(os.path.join(root, f"{module}.assemble.lock")):
@@ -199,6 +194,15 @@ def converted_root() -> str:
     return os.environ.get("ROPE_LM_GGUF_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "rope_lm", "gguf")
 
 
+def _make_cache(root: str) -> None:
+    try:
+        os.makedirs(root, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(
+            f"The GGUF cache {root} cannot be made ({e.strerror}); set ROPE_LM_GGUF_CACHE to a writable folder."
+        ) from None
+
+
 def _key(path: str) -> str:
     h = hashlib.sha256(str(os.path.getsize(path)).encode())
     with open(path, "rb") as f:
@@ -227,12 +231,7 @@ def converted_folder(path_or_name: str) -> str:
             f"GGUF files through transformers' reader into the families it maps, whose GGUF architectures are "
             f"{served}. Give a GGUF of one of them, or a transformers folder of a family in docs/pretrained.md."
         )
-    try:
-        os.makedirs(root, exist_ok=True)
-    except OSError as e:
-        raise ConfigError(
-            f"The GGUF cache {root} cannot be made ({e.strerror}); set ROPE_LM_GGUF_CACHE to a writable folder."
-        ) from None
+    _make_cache(root)
     from filelock import FileLock
 
     with FileLock(target + ".lock"):
