@@ -138,10 +138,11 @@ def attend(q, k, v, scheme, layer, pos, plan: AttnPlan, ctx, kernel: str = "auto
     """q (B, H, T, D), k and v (B, H or a divisor of H, T, D) before any
     rotation; returns (B, H, T, D). terms: what a scheme that reads the
     layer's input derived from it (PositionalScheme.token_terms)."""
-    if scheme.owns_attention:
-        return scheme_attention(q, k, v, scheme, layer, pos, plan, ctx, kernel, terms)
     needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
-    kernel = choose_kernel(kernel, scheme, plan, q.device, needs_grad)
+    chosen = choose_kernel(kernel, scheme, plan, q.device, needs_grad)
+    if chosen == "scheme":  # the scheme's own paths, the one asked for included (explicit: its reference)
+        return scheme_attention(q, k, v, scheme, layer, pos, plan, ctx, kernel, terms)
+    kernel = chosen
     if kernel == "two_pass":  # keeps grouped heads grouped
         return two_pass.full_attention(q, k, v, scheme, layer, pos, plan, ctx, MAX_SCORE_ELEMENTS)
     k, v = match_heads(q, k, v)
