@@ -214,6 +214,10 @@ def test_learned_sink_logits_and_bad_settings_are_refused():
     for kernel in ("explicit", "auto"):
         with pytest.raises(ConfigError, match="stick_breaking.*without a softmax denominator.*model.sink_logits"):
             run(scheme(), q, k, v, plan, kernel)
+    # a run's settings meet it before any weights are built
+    with pytest.raises(ConfigError, match="stick_breaking.*without a softmax denominator.*model.sink_logits"):
+        check_fit(config(softmax={"sink_logits": True}), POS, None, 4 * L)
+    check_fit(config(), POS, None, 4 * L)
     with pytest.raises(ConfigError, match=r"pos.remainder='value'.*'current'.*'none'"):
         scheme(remainder="value")
     with pytest.raises(ConfigError, match="pos.attend_current='yes' must be true or false"):

@@ -142,6 +142,8 @@ def check_fit(cfg: ModelConfig, pos: dict, scaling: dict | None, length: int, la
     method cannot serve, building only the schemes and the method (no weights)."""
     specs = layer_specs(cfg.layout, pos, cfg.n_layer) if layers is UNRESOLVED else layers
     schemes = _layer_schemes(specs, pos, cfg.dims())
+    for i, scheme in enumerate(schemes):
+        scheme.check_sink_logits(layer_softmax(cfg, i, specs).sink_logits)
     method = build_scaling(scaling)
     active = _active_layers(method, specs, schemes)
     _validate_length(length, method, schemes, active, cfg.train_len)

@@ -9,7 +9,6 @@ the one the attention kernels read too.
 
 import torch
 
-from rope_lm.core.errors import ConfigError
 from rope_lm.core.visible_keys import block_keys, key_index, pair_mask
 
 # Largest (B, H, queries, keys) block of scores a scheme's reference or blocked path holds at once.
@@ -42,13 +41,9 @@ def query_blocks(B: int, H: int, q0: int, T: int, per_pair: int = 1) -> list[tup
 
 
 def refuse_sink_logits(scheme, plan) -> None:
-    """One paragraph for a softmax option a scheme without a softmax cannot serve."""
-    if plan is not None and plan.sink_logits is not None and not scheme.serves_sink_logits:
-        raise ConfigError(
-            f"Positional scheme {scheme.name!r} computes its attention without a softmax denominator, so "
-            f"learned sink logits (model.sink_logits) have nothing to join; turn model.sink_logits off for "
-            f"its layers, or use a softmax scheme (fox, cable, cope, rope, alibi, ...)."
-        )
+    """One paragraph for a softmax option a scheme without a softmax cannot serve
+    (run settings meet it before any work: model/transformer.check_fit)."""
+    scheme.check_sink_logits(plan is not None and plan.sink_logits is not None)
 
 
 def masked_softmax(logits, allowed, sink_logits):

@@ -13,6 +13,8 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from rope_lm.core.errors import ConfigError
+
 
 @dataclass(frozen=True)
 class Dims:
@@ -127,6 +129,16 @@ class PositionalScheme(nn.Module):
     def value_term(self, layer: int, probs, q_pos, k_pos, ctx: PosContext):
         """Extra attention output from positional values, (B, H, Tq, D), or None."""
         return None
+
+    def check_sink_logits(self, wanted: bool) -> None:
+        """One paragraph where learned sink logits are asked of a scheme that
+        computes its attention without a softmax denominator for them to join."""
+        if wanted and self.owns_attention and not self.serves_sink_logits:
+            raise ConfigError(
+                f"Positional scheme {self.name!r} computes its attention without a softmax denominator, so "
+                f"learned sink logits (model.sink_logits) have nothing to join; turn model.sink_logits off for "
+                f"its layers, or use a softmax scheme (fox, cable, cope, rope, alibi, ...)."
+            )
 
     def token_terms(self, layer: int, x: torch.Tensor, ctx: PosContext) -> dict[str, torch.Tensor]:
         """Per-token tensors (B, H, T, d) that attention() reads, derived from
