@@ -98,15 +98,6 @@ class PaTH(PositionalScheme):
             for _ in range(dims.n_layer)
         )
 
-    def validate(self, seq_len, scaling):
-        if getattr(scaling, "far_pass", False):
-            raise ConfigError(
-                f"Extrapolation method {scaling.name!r} (setting `scaling`) re-reads some keys at other "
-                f"positions through a second rotary pass (scaling.sink_positions=cache), which PaTH has no "
-                f"way to do: its positions are the Householder products along the tokens between key and "
-                f"query, not position ids. Use scaling.sink_positions=text (sinks where they are in the text)."
-            )
-
     def token_terms(self, layer, x, ctx):
         p = self.layers[layer]
         B, T, _ = x.shape
