@@ -84,6 +84,6 @@ def test_a_scheme_with_scalar_parameters_is_refused_before_work(tiny_config):
     tiny_config["trainer"].update(sharded=True, devices=2)
     tiny_config["pos"] = {"name": "fire"}
     with pytest.raises(
-        ConfigError, match=r"trainer=fsdp cannot shard this model: its parameters pos_scheme.layers.0.c"
+        ConfigError, match=r"trainer=fsdp cannot shard this model with FSDP2: its parameters pos_scheme.layers.0.c"
     ):
         resolve_run(tiny_config)

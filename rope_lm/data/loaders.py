@@ -27,6 +27,16 @@ class TokenWindows(torch.utils.data.Dataset):
         return chunk[:-1], chunk[1:]
 
 
+def data_replica(trainer) -> tuple[int, int]:
+    """(this process's data-parallel rank, the number of data-parallel
+    replicas): every process under DDP; under context parallelism the
+    devices that share a sequence read one batch and count as one replica
+    (the strategy's distributed_sampler_kwargs say so, as Lightning's own
+    sampler would read them)."""
+    kwargs = getattr(getattr(trainer, "strategy", None), "distributed_sampler_kwargs", None) or {}
+    return kwargs.get("rank", trainer.global_rank), kwargs.get("num_replicas", trainer.world_size)
+
+
 class StepSampler(torch.utils.data.Sampler):
     """Sample order fixed by (seed, global sample index): epoch e is permutation
     seed + e of the windows. Starting at ``start`` samples resumes the exact
@@ -90,7 +100,7 @@ class LMDataModule(L.LightningDataModule):
         counted from the checkpoint it resumed from; a checkpoint written before its count was kept
         is taken to have had this sitting's global batch)."""
         t = self.trainer
-        per_step = self.cfg.batch_size * self.accumulate * t.world_size
+        per_step = self.cfg.batch_size * self.accumulate * data_replica(t)[1]
         samples, since = self._restored or (0, 0)
         return samples + (step - since) * per_step
 
@@ -104,7 +114,7 @@ class LMDataModule(L.LightningDataModule):
     def train_dataloader(self):
         t = self.trainer
         start = self.samples_at(t.global_step)
-        sampler = StepSampler(len(self.train), self.seed, None, start, t.global_rank, t.world_size)
+        sampler = StepSampler(len(self.train), self.seed, None, start, *data_replica(t))
         return torch.utils.data.DataLoader(
             self.train,
             batch_size=self.cfg.batch_size,

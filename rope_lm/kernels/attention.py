@@ -24,6 +24,9 @@ per-head terms) repeats each key/value head over its group of query heads
 with per-head parameters (ALiBi slopes, T5 buckets, ...) act on query heads
 and every kernel computes exactly the same thing as with full heads.
 
+Under context parallelism (PosContext.shards) the queries are one device's
+share of the sequence and the keys every device's: sharded_sequence.py.
+
 Two-pass plans (ReRoPE, leaky ReRoPE, Self-Extend, Dual Chunk Attention) go to ``two_pass``
 (rope_lm/kernels/two_pass.py: near band and far region each over only its keys,
 merged by log-sum-exp, grouped heads kept) unless ``explicit`` is asked for
@@ -50,7 +53,8 @@ import torch.nn.functional as F
 
 from rope_lm.core import flex as flex_kernel
 from rope_lm.core.visible_keys import block_keys, key_index, pair_mask
-from rope_lm.kernels import distance_bias, two_pass
+from rope_lm.kernels import distance_bias, sharded_sequence, two_pass
+from rope_lm.kernels.sdpa_parts import match_heads, sink_column, with_sink_key
 
 KERNELS = ("auto", "sdpa", "flex", "explicit")
 # Largest score block (elements) held at once; beyond it queries are processed
@@ -120,24 +124,12 @@ def _base_score_mod():
     return PositionalScheme.score_mod
 
 
-def match_heads(q, *kv):
-    """k, v (B, Hkv, T, D) repeated to q's H heads; query head h reads
-    key/value head h // (H / Hkv), the grouping of Llama and transformers."""
-    H = q.shape[1]
-    out = []
-    for t in kv:
-        if t.shape[1] != H:
-            if H % t.shape[1]:
-                raise ValueError(f"{t.shape[1]} key/value heads cannot serve {H} query heads.")
-            t = t.repeat_interleave(H // t.shape[1], dim=1)
-        out.append(t)
-    return out
-
-
 def attend(q, k, v, scheme, layer, pos, plan: AttnPlan, ctx, kernel: str = "auto", terms: dict | None = None):
     """q (B, H, T, D), k and v (B, H or a divisor of H, T, D) before any
     rotation; returns (B, H, T, D). terms: what a scheme that reads the
     layer's input derived from it (PositionalScheme.token_terms)."""
+    if ctx.shards is not None:  # this device's share of a sequence split over a context-parallel group
+        return sharded_sequence.attention(q, k, v, scheme, layer, pos, plan, ctx, kernel)
     needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
     chosen = choose_kernel(kernel, scheme, plan, q.device, needs_grad)
     if chosen == "scheme":  # the scheme's own paths, the one asked for included (explicit: its reference)
@@ -200,30 +192,6 @@ def _window_keys(s, e, plan, device):
     return k0, key_index(k0, sinks, e, device)
 
 
-def _with_sink_key(q, k, v, sink):
-    """q (B, h, t, D), k and v (B, h, s, D) and a key 0 prepended whose logit
-    is ``sink`` (broadcast to (B, h, t, 1)) for every query and whose value is
-    zero. The sink rides in an extra query channel that meets 1 / scale in
-    the sink key's and 0 in every other key's, so a fused kernel computes the
-    gpt-oss softmax exactly, gradients to the sink included. Channels are
-    padded to a multiple of 8 (what CUDA's fused kernels take); pass
-    scale=1 / sqrt(D) to SDPA."""
-    B, h, t, D = q.shape
-    pad = 8 - D % 8
-    col = sink.to(q.dtype).expand(B, h, t, 1)
-    q = torch.cat((q, col, q.new_zeros(B, h, t, pad - 1)), -1)
-    k = F.pad(k, (0, pad))
-    key = k.new_zeros(B, k.shape[1], 1, D + pad)
-    key[..., D] = math.sqrt(D)
-    k = torch.cat((key, k), 2)
-    v = torch.cat((v.new_zeros(B, v.shape[1], 1, v.shape[3]), v), 2)
-    return q, k, v
-
-
-def _sink_column(plan, H):
-    return plan.sink_logits.reshape(1, H, 1, 1)
-
-
 def sdpa_path(q, k, v, scheme, layer, pos, plan, ctx):
     k, v = match_heads(q, k, v)
     B, H, T, D = q.shape
@@ -233,7 +201,7 @@ def sdpa_path(q, k, v, scheme, layer, pos, plan, ctx):
             return F.scaled_dot_product_attention(q, k, v, is_causal=True)
         # A query row in front that no one reads keeps causal SDPA aligned:
         # query i + 1 sees the sink (key 0) and keys 0..i (keys 1..i + 1).
-        qs, ks, vs = _with_sink_key(q, k, v, _sink_column(plan, H))
+        qs, ks, vs = with_sink_key(q, k, v, sink_column(plan, H))
         qs = F.pad(qs, (0, 0, 1, 0))
         return F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=1 / math.sqrt(D))[:, :, 1:]
     if scheme.has_bias and not sinks and not plan.sink_tokens and _distance_path_allowed(q, k, v):
@@ -261,7 +229,7 @@ def sdpa_path(q, k, v, scheme, layer, pos, plan, ctx):
             mask = (mask + bias).expand(B, H, *allowed.shape)
         qb = q[:, :, s:e]
         if sinks:
-            qb, kb, vb = _with_sink_key(qb, kb, vb, _sink_column(plan, H))
+            qb, kb, vb = with_sink_key(qb, kb, vb, sink_column(plan, H))
             mask = F.pad(mask, (1, 0))
         out.append(
             F.scaled_dot_product_attention(qb, kb, vb, attn_mask=mask, scale=1 / math.sqrt(D) if sinks else None)
@@ -407,7 +375,7 @@ def _offset_sdpa(q, k, v, scheme, layer, pos, plan, ctx, q0):
         kb, vb = k[:, :, :e], v[:, :, :e]
         if sinks:  # per query head, so per (group, query) row of the folded layout
             col = plan.sink_logits.reshape(1, Hkv, G, 1, 1).expand(1, Hkv, G, e - s, 1)
-            qb, kb, vb = _with_sink_key(qb, kb, vb, col.reshape(1, Hkv, G * (e - s), 1))
+            qb, kb, vb = with_sink_key(qb, kb, vb, col.reshape(1, Hkv, G * (e - s), 1))
         mask = None
         if scheme.has_bias or plan.window or e - s > 1:
             mask = torch.zeros(e - s, e, dtype=q.dtype, device=q.device)

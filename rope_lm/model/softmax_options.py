@@ -118,13 +118,15 @@ def temperature_scale(index: torch.Tensor, floor_scale: float, attn_scale: float
 
 
 def query_scale(
-    opts: SoftmaxOptions, ssmax: torch.Tensor | None, total: int, new: int, plan, device
+    opts: SoftmaxOptions, ssmax: torch.Tensor | None, total: int, new: int, plan, device, index=None
 ) -> torch.Tensor | None:
-    """Float32 multiplier on the last ``new`` of ``total`` queries, (1 or H,
-    new, 1) to broadcast over (B, H, new, D); None when the layer has none."""
+    """Float32 multiplier on the last ``new`` of ``total`` queries (or on the
+    queries at 0-based indices ``index``), (1 or H, new, 1) to broadcast over
+    (B, H, new, D); None when the layer has none."""
     if not opts.temperature and ssmax is None:
         return None
-    index = torch.arange(total - new, total, device=device)
+    if index is None:
+        index = torch.arange(total - new, total, device=device)
     scale = torch.ones(new, device=device)
     if opts.temperature:
         scale = temperature_scale(index, opts.floor_scale, opts.attn_scale)

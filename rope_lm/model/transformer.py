@@ -149,6 +149,12 @@ def check_fit(cfg: ModelConfig, pos: dict, scaling: dict | None, length: int, la
     _validate_length(length, method, schemes, active, cfg.train_len)
 
 
+def layer_schemes(cfg: ModelConfig, pos: dict, layers=UNRESOLVED) -> list:
+    """Each layer's positional scheme, built without weights (one instance per distinct setting)."""
+    specs = layer_specs(cfg.layout, pos, cfg.n_layer) if layers is UNRESOLVED else layers
+    return _layer_schemes(specs, pos, cfg.dims())
+
+
 def _layer_schemes(specs: list[LayerSpec] | None, pos: dict, dims: Dims) -> list:
     """One scheme per layer; layers with equal settings share the instance."""
     if specs is None:
@@ -253,10 +259,12 @@ class Attention(nn.Module):
             q = q * self.q_factor
         return q, k, v
 
-    def tune_softmax(self, q, pos, plan):
-        """q (B, H, t, D), the last t of len(pos) queries, scaled by this
-        layer's temperature and SSMax, and the plan with its sink logits."""
-        scale = softmax_options.query_scale(self.softmax, self.ssmax, pos.shape[0], q.shape[2], plan, q.device)
+    def tune_softmax(self, q, pos, plan, shards=None):
+        """q (B, H, t, D), the last t of len(pos) queries (or, with shards,
+        this device's share of them), scaled by this layer's temperature and
+        SSMax, and the plan with its sink logits."""
+        index = None if shards is None else shards.q_index.to(q.device)
+        scale = softmax_options.query_scale(self.softmax, self.ssmax, pos.shape[0], q.shape[2], plan, q.device, index)
         if scale is not None:
             q = (q * scale).to(q.dtype)
         if self.sinks is not None:
@@ -266,7 +274,7 @@ class Attention(nn.Module):
     def forward(self, x, scheme, pos, plan, ctx, cache=None):
         B, T, _ = x.shape
         q, k, v = self.split_qkv(x)
-        q, plan = self.tune_softmax(q, pos, plan)
+        q, plan = self.tune_softmax(q, pos, plan, ctx.shards)
         terms = scheme.token_terms(self.layer, x, ctx) if scheme.reads_input else None
         if cache is None:
             y = attend(q, k, v, scheme, self.layer, pos, plan, ctx, self.kernel, terms)
@@ -387,11 +395,15 @@ class TransformerLM(nn.Module):
             training=self.training,
         )
 
-    def forward(self, idx: torch.Tensor, pos: torch.Tensor | None = None, cache: KVCache | None = None) -> torch.Tensor:
+    def forward(
+        self, idx: torch.Tensor, pos: torch.Tensor | None = None, cache: KVCache | None = None, shards=None
+    ) -> torch.Tensor:
         """idx (B, T) token ids -> logits (B, T, vocab)."""
-        return self.lm_head(self.hidden(idx, pos, cache))
+        return self.lm_head(self.hidden(idx, pos, cache, shards))
 
-    def hidden(self, idx: torch.Tensor, pos: torch.Tensor | None = None, cache: KVCache | None = None) -> torch.Tensor:
+    def hidden(
+        self, idx: torch.Tensor, pos: torch.Tensor | None = None, cache: KVCache | None = None, shards=None
+    ) -> torch.Tensor:
         """idx (B, T) -> final normed hidden states (B, T, d_model), what
         lm_head projects: for losses computed a chunk at a time (rope_lm.model.head).
         A model.logit_scale multiplies them here, so every reader of the
@@ -399,9 +411,15 @@ class TransformerLM(nn.Module):
 
         With a cache (rope_lm.model.kv_cache), idx are the next T tokens after the
         ones it holds: they are read at the positions that follow, attend to
-        every token held, and are appended to it."""
-        T = idx.shape[1]
+        every token held, and are appended to it.
+
+        With shards (rope_lm.core.sequence_shards.SequenceShards: context
+        parallelism), idx are this device's tokens of a sequence split over
+        its group, and pos, if given, the ids of the whole sequence."""
+        T = idx.shape[1] if shards is None else shards.seq_len
         start = 0
+        if shards is not None and cache is not None:
+            raise ValueError("shards and cache exclude each other: a KV cache decodes on one device.")
         if cache is not None:
             if pos is not None:
                 raise ValueError(
@@ -409,6 +427,7 @@ class TransformerLM(nn.Module):
                 )
             start = cache.begin(idx.shape[0], T)
         ctx = self.context(T if cache is None else cache.seq_len(T))
+        ctx.shards = shards
         if cache is not None:
             ctx.state = cache.state
         if pos is None:
@@ -418,7 +437,7 @@ class TransformerLM(nn.Module):
         else:
             pos = self.scaling.map_positions(pos, self.pos_scheme, ctx)
             plan = self.scaling.attention_plan(pos, ctx)
-            x = self.drop(self.pos_scheme.embed(self.embed_tokens(idx), pos[start:], ctx))
+            x = self.drop(self.pos_scheme.embed(self.embed_tokens(idx), own_positions(pos, start, shards), ctx))
             for block in self.blocks:
                 x = run_block(block, x, self.pos_scheme, pos, plan, ctx, cache, self.cfg.activation_checkpointing)
         if cache is not None:
@@ -454,9 +473,15 @@ class TransformerLM(nn.Module):
                 )
             # Each layer's own carried state (a recurrent scheme at two layers reads two inputs).
             lctx = replace(gctx, state=(cache.state if cache is not None else {}).setdefault(i, {}))
-            x = scheme.embed(x, gpos[start:], lctx)
+            x = scheme.embed(x, own_positions(gpos, start, ctx.shards), lctx)
             x = run_block(block, x, scheme, gpos, plan, lctx, cache, self.cfg.activation_checkpointing)
         return x
+
+
+def own_positions(pos: torch.Tensor, start: int, shards) -> torch.Tensor:
+    """The positions of the tokens this call reads out of pos (every token's):
+    the ones after a KV cache's, or this device's share under context parallelism."""
+    return pos[start:] if shards is None else pos[shards.q_index.to(pos.device)]
 
 
 def build_model(

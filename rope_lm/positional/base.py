@@ -54,6 +54,10 @@ class PosContext:
     # What a scheme carries from one KV-cached call to the next (a recurrent
     # scheme's hidden state); a fresh dict for a forward without a cache.
     state: dict = field(default_factory=dict)
+    # Under context parallelism (trainer.context_parallel), the split of the sequence over the group's
+    # devices (rope_lm.core.sequence_shards.SequenceShards): the layer's input holds this device's tokens
+    # only, while positions and seq_len are the whole sequence's. None otherwise.
+    shards: Any = None
 
 
 class PositionalScheme(nn.Module):
@@ -139,6 +143,16 @@ class PositionalScheme(nn.Module):
                 f"learned sink logits (model.sink_logits) have nothing to join; turn model.sink_logits off for "
                 f"its layers, or use a softmax scheme (fox, cable, cope, rope, alibi, ...)."
             )
+
+    def why_not_split(self) -> str | None:
+        """Why context parallelism (a sequence split over devices, each pair
+        scored at its global positions over all-gathered keys) cannot serve
+        this scheme, in a sentence; None where it can."""
+        if self.owns_attention:
+            return "it computes its attention in a kernel of its own, which has no form over a split sequence."
+        if self.has_content_terms:
+            return "its content-position terms are computed by the explicit kernel, which has no sharded form."
+        return None
 
     def token_terms(self, layer: int, x: torch.Tensor, ctx: PosContext) -> dict[str, torch.Tensor]:
         """Per-token tensors (B, H, T, d) that attention() reads, derived from

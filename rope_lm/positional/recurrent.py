@@ -31,6 +31,9 @@ class Recurrent(PositionalScheme):
             raise ConfigError(f"pos.num_layers={num_layers!r} must be a positive integer.")
         self.rnn = CELLS[cell](dims.d_model, dims.d_model, num_layers=num_layers, batch_first=True)
 
+    def why_not_split(self):
+        return "its recurrence reads the tokens in order, left to right, which a device holding two chunks cannot."
+
     def embed(self, x, pos, ctx):
         # ctx.state carries the hidden state from one KV-cached call to the next.
         out, ctx.state["recurrent"] = self.rnn(x, ctx.state.get("recurrent"))

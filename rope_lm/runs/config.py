@@ -159,4 +159,11 @@ def resolve_run(cfg: dict) -> RunConfig:
         from rope_lm.train.sharding import check_shardable
 
         check_shardable(mcfg, pos, scaling, run.layers)
+    if trainer.context_parallel != 1:
+        from rope_lm.train import context_parallel
+
+        context_parallel.check_settings(
+            trainer.context_parallel, data.seq_len, trainer.compile, trainer.lightning.get("strategy")
+        )
+        context_parallel.check_served(mcfg, pos, scaling, run.layers)
     return run

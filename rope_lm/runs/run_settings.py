@@ -41,6 +41,7 @@ ADDED_AT_DEFAULT = {
     "pos.p_rope": 1.0,  # p-RoPE; 1.0 rotates every frequency, as before
     "scaling.sinks": 0,  # StreamingLLM sink tokens of scaling=window
     "scaling.sink_positions": "cache",  # read only where sinks > 0
+    "trainer.context_parallel": 1,  # devices sharing each training sequence; 1, none, as before
 }
 
 # The same for a task run (scripts/task.py): its log interval and CPU threads

@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from rope_lm.core.errors import ConfigError, TrainingDiverged
+from rope_lm.data.loaders import data_replica
 from rope_lm.model.head import mean_cross_entropy
 from rope_lm.model.layout import UNRESOLVED
 from rope_lm.model.transformer import ModelConfig, build_model, check_fit
@@ -160,23 +161,55 @@ class LitLM(L.LightningModule):
             # The model reads one row of ids per call: a sequence at a time. Every row has T targets,
             # so the mean of the rows' means is the batch's mean.
             return torch.stack([self.loss((x[i : i + 1], y[i : i + 1]), pos[i : i + 1]) for i in range(len(x))]).mean()
-        return self._training_loss(x, y, None if pos is None else pos[0])
+        shards = self._sequence_shards(x.shape[1], x.device)
+        if shards is not None:  # this device's T/K tokens: the mean over the group's devices is the batch's mean
+            from rope_lm.train.context_parallel import split
+
+            x, y = split(x, y, shards)
+        return self._training_loss(x, y, None if pos is None else pos[0], shards)
+
+    def _sequence_shards(self, seq_len: int, device):
+        """This device's share of each sequence under context parallelism (rope_lm/train/context_parallel.py), else None."""
+        strategy = self._trainer.strategy if self._trainer is not None else None
+        if getattr(strategy, "context_parallel", 1) == 1:
+            return None
+        from rope_lm.train.context_parallel import sequence_shards
+
+        key = (seq_len, str(device))
+        if getattr(self, "_shards_key", None) != key:
+            self._shards, self._shards_key = sequence_shards(self.device_mesh, seq_len, device), key
+            if self.global_rank == 0:
+                log.info(
+                    "context parallelism: each sequence of %d tokens split over %d devices, %d tokens each "
+                    "(PyTorch's head-tail shards)",
+                    seq_len,
+                    self._shards.size,
+                    self._shards.local_len,
+                )
+        return self._shards
 
     def configure_model(self):
         """Under the sharded preset (rope_lm/train/sharding.py), each block and then
-        the training loss become FSDP units; under any other strategy, nothing."""
+        the training loss become FSDP units; under context parallelism the same
+        on the (data, context) mesh, sharded over its context dimension and
+        replicated over its data one (rope_lm/train/context_parallel.py); under
+        any other strategy, nothing."""
         if self.device_mesh is None or getattr(self, "_sharded", False):
             return
         from rope_lm.train.sharding import shard
 
-        shard(self._training_loss, self.model.blocks, self.device_mesh["data_parallel"], self.trainer.precision)
+        context = getattr(self.trainer.strategy, "context_parallel", 1) > 1
+        mesh = self.device_mesh if context else self.device_mesh["data_parallel"]
+        shard(self._training_loss, self.model.blocks, mesh, self.trainer.precision)
         self._sharded = True
 
     def draw_positions(self, x: torch.Tensor) -> torch.Tensor | None:
         """The next training batch's position ids (B, T), or None for plain positions."""
         if not self.train_positions.active:
             return None
-        ids = draw_batch(self.train_positions, self.hparams.seed, self.global_rank, self._draws, *x.shape)
+        # Drawn per data-parallel replica: the devices that share a sequence (context parallelism) share its ids.
+        rank = self.global_rank if self._trainer is None else data_replica(self._trainer)[0]
+        ids = draw_batch(self.train_positions, self.hparams.seed, rank, self._draws, *x.shape)
         self._draws += 1
         return torch.from_numpy(ids).to(x.device)
 
@@ -269,10 +302,10 @@ class TrainingLoss(torch.nn.Module):
         self.model = model
         object.__setattr__(self, "compiled", compiled)  # shares the model's modules: not registered twice
 
-    def forward(self, x, y, pos=None):
+    def forward(self, x, y, pos=None, shards=None):
         if self.compiled is None:
             # Chunked past CHUNK_TOKENS; the plain computation up to it.
-            return mean_cross_entropy(self.model.hidden(x, pos), self.model.lm_head.weight, y)
+            return mean_cross_entropy(self.model.hidden(x, pos, shards=shards), self.model.lm_head.weight, y)
         logits = self.compiled(x, pos)
         return F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
 
@@ -353,7 +386,7 @@ class TokensPerSecond(L.Callback):
             self._t = time.perf_counter()
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        self._tokens += batch[0].numel() * trainer.world_size
+        self._tokens += batch[0].numel() * data_replica(trainer)[1]
         if (batch_idx + 1) % self.every == 0:
             now = time.perf_counter()
             pl_module.log("train/tokens_per_s", self._tokens / max(1e-9, now - self._t), prog_bar=True)

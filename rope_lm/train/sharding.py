@@ -53,11 +53,12 @@ def check_sharded(lightning: dict) -> None:
         )
 
 
-def check_shardable(cfg, pos: dict, scaling: dict | None, layers) -> None:
+def check_shardable(cfg, pos: dict, scaling: dict | None, layers, setting: str = "trainer=fsdp") -> None:
     """Refuse a model fully_shard cannot take, before any work: FSDP2 shards
     every parameter along a dimension, so a scalar parameter (FIRE's c and
     L multiplier) has none. The model is built on the meta device: shapes
-    only; `layers`: its resolved layer specs (ModelConfig.resolve)."""
+    only; `layers`: its resolved layer specs (ModelConfig.resolve); `setting`:
+    what asked for FSDP2 (the preset, or context parallelism)."""
     from rope_lm.model.transformer import TransformerLM
 
     with torch.device("meta"):
@@ -65,7 +66,7 @@ def check_shardable(cfg, pos: dict, scaling: dict | None, layers) -> None:
     scalars = [name for name, p in model.named_parameters() if p.dim() == 0]
     if scalars:
         raise ConfigError(
-            f"trainer=fsdp cannot shard this model: its parameters {', '.join(scalars[:4])}"
+            f"{setting} cannot shard this model with FSDP2: its parameters {', '.join(scalars[:4])}"
             f"{' ...' if len(scalars) > 4 else ''} are scalars (pos={pos.get('name')}), and FSDP2 shards every "
             f"parameter along a dimension. Train it on one device or with DDP (trainer.strategy=ddp "
             f"trainer.devices=N; model.activation_checkpointing=true saves memory in both), or shard a scheme "

@@ -29,6 +29,9 @@ class TrainerConfig:
     compile: bool = False
     skip_nonfinite: int = 0
     sharded: bool = False  # FSDP2 per block over the devices (rope_lm/train/sharding.py; the trainer=fsdp preset)
+    # Devices that share each training sequence (rope_lm/train/context_parallel.py): FSDP2 on a data x context
+    # mesh; 1: none.
+    context_parallel: int = 1
     # How long the processes of a torchrun / srun job wait for one another at start (train/distributed.py);
     # None: distributed.DEFAULT_RENDEZVOUS_S. A None default, so that run.yaml files written before it compare equal.
     rendezvous_timeout_s: float | None = None
@@ -38,6 +41,11 @@ class TrainerConfig:
         for key in ("max_steps", "val_every_n_steps", "ckpt_every_n_steps"):
             if getattr(self, key) <= 0:
                 raise ConfigError(f"trainer.{key}={getattr(self, key)} must be a positive integer.")
+        if isinstance(self.context_parallel, bool) or self.context_parallel < 1:
+            raise ConfigError(
+                f"trainer.context_parallel={self.context_parallel} must be a positive integer: the number of "
+                f"devices that share each training sequence (1: none)."
+            )
         if self.skip_nonfinite < 0:
             raise ConfigError(f"trainer.skip_nonfinite={self.skip_nonfinite} must be 0 or more.")
         if self.ckpt_every_minutes is not None and self.ckpt_every_minutes <= 0:
@@ -140,7 +148,11 @@ def trainer_kwargs(tc: TrainerConfig, out_dir: str, logger, on_stop=None) -> dic
         plugins=[AtomicCheckpointIO()],
     )
     kwargs.update(lightning)
-    if tc.sharded:
+    if tc.context_parallel > 1:
+        from rope_lm.train.context_parallel import ContextParallelStrategy
+
+        kwargs["strategy"] = ContextParallelStrategy(tc.context_parallel)
+    elif tc.sharded:
         from rope_lm.train.sharding import BlockShardedStrategy, check_sharded
 
         check_sharded(lightning)
@@ -163,9 +175,12 @@ def build_trainer(kwargs: dict):
             f"lightning.Trainer refused the trainer settings ({first}). Check the `trainer.*` "
             f"values against Lightning's documentation."
         ) from None
+    from rope_lm.train import context_parallel
     from rope_lm.train.sharding import BlockShardedStrategy, check_world
 
-    if isinstance(trainer.strategy, BlockShardedStrategy):
+    if isinstance(trainer.strategy, context_parallel.ContextParallelStrategy):
+        context_parallel.check_world(trainer.strategy.context_parallel, trainer.num_devices, trainer.num_nodes)
+    elif isinstance(trainer.strategy, BlockShardedStrategy):
         check_world(trainer.num_devices, trainer.num_nodes)
     return trainer
 
