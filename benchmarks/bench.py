@@ -30,8 +30,10 @@ def _preset(group: str, name: str, required: bool) -> dict:
 
 def _layouts(names: list[str], schemes: dict[str, dict]) -> dict[str, dict]:
     """Per conf/layout preset (or YAML file), a row `<rope scheme>+<layout>`:
-    the run's first RoPE settings with that model.layout, timed beside them."""
-    rope = next((cfg for cfg in schemes.values() if cfg.get("name") == "rope"), None)
+    the run's plain RoPE settings with that model.layout, timed beside them."""
+    from bench_analysis import plain_rope
+
+    rope = next((cfg for cfg in schemes.values() if plain_rope(cfg)), None)
     if names and rope is None:
         raise ConfigError(f"layouts={names} are timed against a RoPE row; add rope to schemes.")
     rows = {}

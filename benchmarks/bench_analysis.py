@@ -30,6 +30,25 @@ def flops_per_token(counts: dict, model_cfg: dict, vocab: int, seq_len: int, tra
     return 6 * n + 12 * attn if training else 2 * n + 4 * attn
 
 
+def plain_rope(pos_cfg: dict) -> bool:
+    """Whether a row is plain RoPE: the baseline the other schemes are read against, and the only one
+    Llama's rotary reproduces (hf_config carries its base and nothing else). A `pos.name: rope` row with
+    any other RoPE knob off its default (p-RoPE's `p_rope`, a partial `rotary_fraction`, interleaved
+    pairs) or with a layout is a scheme of its own, timed against it like any other."""
+    import inspect
+
+    from rope_lm.positional.rope import RoPE
+
+    if pos_cfg.get("name") != "rope" or "layout" in pos_cfg:
+        return False
+    knobs = inspect.signature(RoPE.__init__).parameters
+    return all(
+        value == knobs[key].default
+        for key, value in pos_cfg.items()
+        if key != "base" and key in knobs and knobs[key].default is not inspect.Parameter.empty
+    )
+
+
 def _paired(a, b, key="tokens_per_s_repeats") -> float | None:
     """Median over rounds of a's throughput over b's in the same round."""
     if a is None or b is None or not a.get(key) or not b.get(key):
@@ -87,7 +106,7 @@ def ratios_and_targets(s, rows: list[dict]) -> tuple[list[dict], list[dict]]:
     rows of a run with settings `s` (throughput.BenchSettings)."""
     train = [r for r in rows if r["phase"] == "train"]
     ratios, targets = [], []
-    rope = [lab for lab, cfg in s.schemes.items() if cfg.get("name") == "rope" and "layout" not in cfg]
+    rope = [lab for lab, cfg in s.schemes.items() if plain_rope(cfg)]
     rope = rope[0] if rope else None
 
     limit = getattr(s, "spread_limit", paired.LIMIT)

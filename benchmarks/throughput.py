@@ -47,7 +47,7 @@ import statistics
 import sys
 import time
 
-from bench_analysis import flops_per_token, markdown_table, ratios_and_targets
+from bench_analysis import flops_per_token, markdown_table, plain_rope, ratios_and_targets
 from bench_machine import detect_peak_tflops, load_average, machine_info, matmul_peak_tflops, usable_cpus
 from bench_worker import Worker
 import paired
@@ -108,7 +108,7 @@ def _train_peers(s: BenchSettings, pos_cfg: dict) -> list[str]:
     scheme/rope; Lightning's per-step overhead does not depend on the scheme
     (it is measured on rope), and each peer process holds ~1 GB, so a full
     sweep of schemes x peers would not fit a small machine."""
-    rope = pos_cfg.get("name") == "rope" and "layout" not in pos_cfg
+    rope = plain_rope(pos_cfg)
     peers = []
     if rope and "hf" in s.peers:
         peers += ["hf"] + (["hf+keepmem"] if s.device == "cpu" and "hf+keepmem" in s.peers else [])
@@ -249,8 +249,8 @@ def run_training(s: BenchSettings, log) -> list[dict]:
 
 
 def _eval_peers(s: BenchSettings, pos_cfg: dict) -> list[str]:
-    plain_rope = pos_cfg.get("name") == "rope" and "layout" not in pos_cfg
-    return ["ours"] + (["hf"] if "hf" in s.peers and plain_rope else []) + (["ours+compile"] if s.compile else [])
+    hf = ["hf"] if "hf" in s.peers and plain_rope(pos_cfg) else []
+    return ["ours"] + hf + (["ours+compile"] if s.compile else [])
 
 
 def _eval_row(outs: list[dict]) -> dict:

@@ -17,7 +17,7 @@ import yaml
 
 from rope_lm.core import flex as flex_kernel
 from rope_lm.core.errors import ConfigError
-from rope_lm.kernels import attention
+from rope_lm.kernels import attention, offset_sdpa
 from rope_lm.kernels.attention import AttnPlan, attend, choose_kernel, explicit_attention, flex_path
 from rope_lm.positional import SCHEMES, Dims, PosContext, PositionalScheme, _content, build_scheme
 from rope_lm.scaling import build_scaling
@@ -163,9 +163,9 @@ def test_sdpa_and_blocked_paths_match_explicit(name, case, monkeypatch):
         assert_same(f"{name}/{kernel}/{case}", outputs_and_grads(kernel, scheme, pos, plan), ref)
     # Many query blocks (bias and content terms sliced per block) against one; a scheme that owns its
     # attention blocks its queries by rope_lm.positional._content.query_blocks.
-    monkeypatch.setattr(attention, "MAX_SCORE_ELEMENTS", B * DIMS.n_head * T * 4)
+    monkeypatch.setattr(offset_sdpa, "MAX_SCORE_ELEMENTS", B * DIMS.n_head * T * 4)
     monkeypatch.setattr(_content, "MAX_SCORE_ELEMENTS", B * DIMS.n_head * T * 4)
-    assert len(attention._query_blocks(B, DIMS.n_head, T)) > 1 and len(_content.query_blocks(B, DIMS.n_head, 0, T)) > 1
+    assert len(offset_sdpa.query_blocks(B, DIMS.n_head, T)) > 1 and len(_content.query_blocks(B, DIMS.n_head, 0, T)) > 1
     assert_same(f"{name}/explicit-blocked/{case}", outputs_and_grads("explicit", scheme, pos, plan), ref)
     for kernel in fast_kernels(name):
         assert_same(f"{name}/{kernel}-blocked/{case}", outputs_and_grads(kernel, scheme, pos, plan), ref)
@@ -451,7 +451,7 @@ def test_fire_past_its_L_writes_bias_and_mask_in_one_pass(window, monkeypatch):
 
     if not _fire_kernel.available():
         pytest.skip("numba is not installed")
-    monkeypatch.setattr(attention, "MAX_SCORE_ELEMENTS", 4 * 1000 * 40)
+    monkeypatch.setattr(offset_sdpa, "MAX_SCORE_ELEMENTS", 4 * 1000 * 40)
     monkeypatch.setattr(attention, "MASKED_BIAS_MIN_QUERIES", 40)  # blocks of 40 queries
     n, dims = 1000, Dims(d_model=32, n_head=4, head_dim=8, n_layer=2, train_len=64)
     torch.manual_seed(0)
@@ -467,7 +467,7 @@ def test_fire_past_its_L_writes_bias_and_mask_in_one_pass(window, monkeypatch):
     with torch.no_grad():
         mask = scheme.masked_bias(LAYER, pos, 120, 160, window, c).clone()
         want = scheme.bias(LAYER, pos[120:160], pos[:160], c)  # the torch path
-        allowed = attention._mask(120, 160, 160, plan, pos.device)
+        allowed = offset_sdpa.allowed_block(120, 160, 160, plan, pos.device)
         assert torch.equal(mask[:, allowed], want[:, allowed])
         assert bool(torch.isneginf(mask[:, ~allowed]).all())
 
@@ -536,7 +536,7 @@ def test_grouped_key_value_heads_match_repeated_heads_on_every_path(
     kernels = ["explicit", *dict.fromkeys(["auto", *["flex-eager" if k == "flex" else k for k in kernels_of(name)]])]
     for blocked in (False, True):
         if blocked:  # many query blocks, each slicing the repeated keys
-            monkeypatch.setattr(attention, "MAX_SCORE_ELEMENTS", B * DIMS.n_head * T * 4)
+            monkeypatch.setattr(offset_sdpa, "MAX_SCORE_ELEMENTS", B * DIMS.n_head * T * 4)
             monkeypatch.setattr(_content, "MAX_SCORE_ELEMENTS", B * DIMS.n_head * T * 4)
             kernels = [k for k in kernels if k != "flex-eager"]
         for kernel in kernels:

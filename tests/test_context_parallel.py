@@ -15,7 +15,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from rope_lm.core.errors import ConfigError
-from rope_lm.core.sequence_shards import head_tail_order
+from rope_lm.core.sequence_shards import SequenceShards, head_tail_order
 from rope_lm.model.transformer import ModelConfig, TransformerLM
 
 T = 24  # 2 devices x 2 chunks of 6
@@ -179,6 +179,124 @@ def test_the_shards_are_the_ones_pytorch_context_parallelism_makes():
     assert order.tolist() == [0, 1, 2, 3, 12, 13, 14, 15, 4, 5, 6, 7, 8, 9, 10, 11]
     pairs = [sum(int(i) + 1 for i in order[r * 8 : (r + 1) * 8]) for r in range(2)]
     assert pairs[0] == pairs[1]
+    for rank in range(2):  # the runs the kernel reads: contiguous stretches of this device's tokens
+        shards = SequenceShards(16, rank, 2, "", order)
+        rows = [first + i for first, end, start in shards.runs() for i in range(end - first)]
+        tokens = [start + i for first, end, start in shards.runs() for i in range(end - first)]
+        assert rows == list(range(8)) and tokens == shards.q_index.tolist()
+
+
+# --- the kernel alone: every device of a group in one process -------------------------------------------
+
+
+class OneProcessShards(SequenceShards):
+    """Device `rank` of a group whose every device lives in this process: the
+    gather reads the whole sequence's rotated keys and values (what the K
+    devices would send, in group order), so the kernel's math is checked
+    without a process group (the gather's own backward is PyTorch's, checked on
+    two ranks above)."""
+
+    def __init__(self, seq_len, rank, size, whole_k, whole_v):
+        super().__init__(seq_len, rank, size, "", head_tail_order(seq_len, size, whole_k.device))
+        object.__setattr__(self, "whole", (whole_k, whole_v))
+
+    def gather(self, k, v):
+        order = self.k_index.to(k.device)
+        return self.whole[0][:, :, order], self.whole[1][:, :, order]
+
+
+def split_against_whole(name, plan, kind, kernel, device, dims, grads=True, size=2):
+    """(outputs, gradients) of the sharded kernel, each device's rows put back
+    in the sequence's order and its loss summed over devices, and the same of
+    explicit attention over the whole sequence: they must be equal."""
+    from rope_lm.kernels import sharded_sequence
+    from rope_lm.kernels.attention import explicit_attention
+    from rope_lm.positional import PosContext
+    from rope_lm.scaling import build_scaling
+    from tests.test_attention import LAYER, make_scheme
+
+    scheme = make_scheme(name, dims).to(device)
+    n = 24
+    pos = torch.arange(n, device=device)
+    pos = pos if kind == "int" else pos * 0.75 + 2.5
+    torch.manual_seed(1)
+    q = torch.randn(2, dims.n_head, n, dims.head_dim, device=device, requires_grad=grads)
+    k, v = (torch.randn(2, dims.n_head // 2, n, dims.head_dim, device=device, requires_grad=grads) for _ in range(2))
+    weights = torch.randn(2, dims.n_head, n, dims.head_dim, device=device)
+    params = [p for p in scheme.parameters() if p.requires_grad]
+    inputs = [q, k, v, *params]
+
+    def context():
+        return PosContext(seq_len=n, train_len=dims.train_len, scaling=build_scaling(None))
+
+    def result(out):
+        if not grads:
+            return out.detach(), ()
+        return out.detach(), torch.autograd.grad((out * weights).sum(), inputs, allow_unused=True)
+
+    want = result(explicit_attention(q, k, v, scheme, LAYER, pos, plan, context()))
+    c = context()
+    kr = scheme.rotate(k, k, pos, pos, LAYER, c)[1]
+    rows = []
+    for rank in range(size):
+        c.shards = OneProcessShards(n, rank, size, kr, v)
+        idx = c.shards.q_index
+        rows.append(
+            (
+                idx,
+                sharded_sequence.attention(
+                    q[:, :, idx], k[:, :, idx], v[:, :, idx], scheme, LAYER, pos, plan, c, kernel
+                ),
+            )
+        )
+        c = context()
+    out = torch.empty_like(rows[0][1]).repeat(1, 1, size, 1)
+    for idx, y in rows:
+        out = out.index_copy(2, idx.long(), y)
+    return result(out), want
+
+
+def served_cases():
+    from rope_lm.positional import SCHEMES
+    from tests.test_attention import DIMS, make_scheme
+
+    names = [n for n in SCHEMES.names() if make_scheme(n, DIMS).why_not_split() is None]
+    return [
+        (n, p, kind)
+        for n in names
+        for p in PLANS
+        for kind in (["int", "float"] if SCHEMES.get(n).has_bias else ["int"])
+    ]
+
+
+PLANS = ["plain", "window+q_scale", "window+sink_tokens", "sink_logits"]
+
+
+def make_plan(name, n_head, device="cpu"):
+    from rope_lm.kernels.attention import AttnPlan
+
+    return {
+        "plain": AttnPlan(),
+        "window+q_scale": AttnPlan(window=7, q_scale=torch.linspace(0.5, 1.5, 24, device=device)),
+        "window+sink_tokens": AttnPlan(window=5, sink_tokens=2),
+        "sink_logits": AttnPlan(sink_logits=torch.linspace(-1.0, 2.0, n_head, device=device)),
+    }[name]
+
+
+@pytest.mark.parametrize("name,plan,kind", served_cases())
+def test_each_devices_queries_over_the_gathered_keys_equal_one_process(name, plan, kind):
+    """Every scheme the split serves, under windows, sink tokens, log-n's
+    query scales, sink logits and fractional positions: the SDPA path
+    (training, gradients to q, k, v and the scheme's parameters) and the
+    FlexAttention path (forward; its CPU backward does not exist) equal the
+    explicit attention over the whole sequence, on 2 and 3 devices."""
+    from tests.test_attention import DIMS, assert_same
+
+    for size in (2, 3):
+        got, want = split_against_whole(name, make_plan(plan, DIMS.n_head), kind, "auto", "cpu", DIMS, size=size)
+        assert_same(f"{name}/{plan}/{kind}/sdpa/{size}", got, want)
+    got, want = split_against_whole(name, make_plan(plan, DIMS.n_head), kind, "flex", "cpu", DIMS, grads=False)
+    assert_same(f"{name}/{plan}/{kind}/flex", got, want)
 
 
 # --- through train.py, as README's scale-up section runs it ----------------------------------------------

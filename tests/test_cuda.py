@@ -3,7 +3,8 @@ compiled flex attention and CUDA SDPA equal the explicit reference for every
 scheme that takes them (outputs and gradients, scheme parameters included,
 with windows, query scales, StreamingLLM sink tokens and gpt-oss sink logits;
 a scheme that owns its attention on its own fast path, terms from a layer input),
-the KV cache equals one full forward on CUDA for every scheme and method, and
+the KV cache equals one full forward on CUDA for every scheme and method,
+context parallelism's FlexAttention path equals one process, and
 a model trains in bfloat16 autocast with fused AdamW as the pipeline runs it.
 
     python -m pytest tests/test_cuda.py -n 8      # on a GPU machine (docs/benchmarks.md "GPU rows")
@@ -26,6 +27,7 @@ from rope_lm.scaling import build_scaling
 from tests.test_attention import LAYER
 from tests.test_attention import assert_same as same
 from tests.test_attention import make_scheme as attention_scheme
+from tests.test_context_parallel import make_plan, served_cases, split_against_whole
 from tests.test_kv_cache import PAIRS, PIECES, model, read_in_pieces, tokens
 
 DEVICE = torch.device(os.environ.get("ROPE_LM_TEST_DEVICE", "cuda"))
@@ -200,3 +202,15 @@ def test_a_model_trains_in_bfloat16_with_fused_adamw(pos_name):
         losses.append(loss.item())
     assert all(map(torch.isfinite, map(torch.tensor, losses))), losses
     assert losses[-1] < 0.5 * losses[0], losses  # float32 on CPU: 4.1 to 0.3-0.6 in 40 steps
+
+
+@pytest.mark.parametrize("name,plan,kind", served_cases())
+def test_context_parallel_flex_equals_one_process_on_the_device(name, plan, kind):
+    """Context parallelism's CUDA path (rope_lm/kernels/sharded_sequence.py):
+    each device's queries over the gathered keys through compiled
+    FlexAttention, outputs and gradients, equal the explicit attention over
+    the whole sequence (the devices of the group in one process; on CPU the
+    flex forward only, eagerly)."""
+    grads = DEVICE.type == "cuda"
+    got, want = split_against_whole(name, make_plan(plan, DIMS.n_head, DEVICE), kind, "flex", DEVICE, DIMS, grads=grads)
+    assert_same(f"{name}/{plan}/{kind}/context-parallel flex", got, want)

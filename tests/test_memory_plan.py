@@ -206,3 +206,55 @@ def test_the_script_takes_train_overrides(tmp_path):
         env={**os.environ, "PYTHONPATH": ROOT},
     )
     assert bad.returncode == 2 and "device_gb=-1 must be a positive number" in bad.stderr
+
+
+# --- context parallelism (trainer.context_parallel) ----------------------------------------------------------
+
+
+def test_the_plan_of_a_sequence_split_over_two_ranks_is_within_25_percent_of_their_measured_peak():
+    """benchmarks/context_parallel.py measures each of two gloo processes
+    training one sequence split between them (FSDP2 on the data x context mesh,
+    as ContextParallelStrategy builds it); the plan's total for one of them is
+    within 25% of the larger measured peak."""
+    from context_parallel import measure
+    from context_parallel import planned as planned_split
+
+    spec = {"model": model_shape("tiny"), "pos": "rope", "vocab_size": VOCAB, "seq_len": 1024, "batch_size": 1}
+    measured = measure({**spec, "steps": 1, "threads": 1}, 2)["peak"]
+    ratio = planned_split(spec, 2) / measured
+    assert 0.75 <= ratio <= 1.25, (ratio, measured / 2**20)
+
+
+def test_a_device_sharing_the_sequence_holds_its_share_of_the_activations_and_the_gathered_keys():
+    """Per device, K = 2 keeps half the activations of one process holding the
+    sequence (its T/2 tokens) plus what only the split has (every layer's
+    gathered keys and values, its queries' masks over all keys), which grows
+    with the length; half the loss's logits, the weights' FSDP share of 2, and
+    lengths in steps the 2K chunks divide. A model wide enough that the
+    per-token activations dominate."""
+    wide = {"n_layer": 2, "n_head": 4, "d_model": 256, "mlp_ratio": 4.0}
+    extra = []
+    for n in (512, 2048):
+        alone = Planner(wide, ROPE, None, 320, 1, Setup()).column(n, False)
+        split = Planner(wide, ROPE, None, 320, 1, Setup(devices=2, strategy="fsdp", context=2)).column(n, False)
+        assert 0.5 < split["activations"] / alone["activations"] < 0.6
+        assert split["loss / logits"] == alone["loss / logits"] // 2
+        assert split["optimizer state"] == alone["optimizer state"] // 2
+        extra.append(split["activations"] - alone["activations"] / 2)
+    assert extra[1] > 2 * extra[0]
+    assert Setup(devices=6, strategy="fsdp", context=3).step == 192  # 64 and 2K = 6
+    longest = planner(batch=1, setup=Setup(devices=6, strategy="fsdp", context=3)).longest(0.25 * GiB, False)
+    assert isinstance(longest, int) and longest % 192 == 0
+
+
+def test_the_setup_of_a_context_parallel_trainer(tiny_config):
+    from rope_lm.runs.config import resolve_run
+    from rope_lm.train.trainer import build_trainer, trainer_kwargs
+
+    config = {
+        **tiny_config,
+        "trainer": {**tiny_config["trainer"], "context_parallel": 2, "accelerator": "cpu", "devices": 4},
+    }
+    trainer = build_trainer(trainer_kwargs(resolve_run(config).trainer, "/nonexistent/run", None))
+    assert setup_of(trainer) == Setup(4, "fsdp", "32-true", context=2)
+    assert Setup(4, "fsdp", "32-true", context=2).shards == 2

@@ -14,7 +14,7 @@ import torch
 import yaml
 
 from rope_lm.core.errors import ConfigError
-from rope_lm.kernels import attention
+from rope_lm.kernels import offset_sdpa
 from rope_lm.kernels.attention import AttnPlan, attend, flex_path
 from rope_lm.model.kv_cache import KVCache
 from rope_lm.model.transformer import TransformerLM, check_fit
@@ -76,7 +76,7 @@ SINKS = torch.tensor([-1.0, 0.5, 2.0, 4.0])  # from barely felt to taking most o
 def test_sink_logits_and_sink_tokens_equal_the_hand_computation(scheme_name, window, sink_tokens, kernel, monkeypatch):
     """Several query blocks (a block of 5 queries), so the windowed SDPA path
     drops keys before the window while keeping the sink tokens."""
-    monkeypatch.setattr(attention, "MAX_SCORE_ELEMENTS", 2 * 4 * 5 * 24)
+    monkeypatch.setattr(offset_sdpa, "MAX_SCORE_ELEMENTS", 2 * 4 * 5 * 24)
     T = 24
     scheme = build_scheme({"name": scheme_name}, DIMS)
     q, k, v = qkv(T)

@@ -7,7 +7,7 @@ explicit path's."""
 import pytest
 import torch
 
-from rope_lm.kernels import attention, two_pass
+from rope_lm.kernels import attention, offset_sdpa, two_pass
 from rope_lm.kernels.attention import AttnPlan, attend, choose_kernel, explicit_attention
 from rope_lm.model.kv_cache import KVCache
 from rope_lm.model.transformer import ModelConfig, TransformerLM
@@ -60,7 +60,7 @@ def blocks(request, monkeypatch):
     region and the window begin, and a last block shorter than the others."""
     if request.param == "small blocks":
         monkeypatch.setattr(two_pass, "FUSED_QUERIES", 7)
-        monkeypatch.setattr(attention, "MAX_SCORE_ELEMENTS", 2 * 4 * 7 * T)
+        monkeypatch.setattr(offset_sdpa, "MAX_SCORE_ELEMENTS", 2 * 4 * 7 * T)
     return request.param
 
 
@@ -211,7 +211,7 @@ def test_no_block_larger_than_the_explicit_paths(grad, monkeypatch):
     most three masks and, written out, one part's scores. At 300 tokens
     under a small score budget both work in many blocks."""
     n = 300
-    monkeypatch.setattr(attention, "MAX_SCORE_ELEMENTS", 1 << 15)
+    monkeypatch.setattr(offset_sdpa, "MAX_SCORE_ELEMENTS", 1 << 15)
     explicit_largest, ours_largest = [0], [0]
     block_probs = attention._block_probs
 

@@ -39,6 +39,18 @@ class SequenceShards:
         n = self.local_len
         return self.k_index[self.rank * n : (self.rank + 1) * n]
 
+    def runs(self) -> list[tuple[int, int, int]]:
+        """This device's tokens as contiguous runs of the sequence: (first
+        local row, end local row, index of the first token); the head and the
+        tail chunk of head-tail shards. Plain integers, so a trace under fake
+        tensors (the memory plan) reads them too."""
+        chunk = self.seq_len // (2 * self.size)
+        return [(0, chunk, self.rank * chunk), (chunk, 2 * chunk, (2 * self.size - 1 - self.rank) * chunk)]
+
+    def in_order(self, x: torch.Tensor, dim: int = 2) -> torch.Tensor:
+        """Gathered x (rows in group order along `dim`) back in the sequence's order."""
+        return x.index_select(dim, torch.argsort(self.k_index).to(x.device))
+
     def gather(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Every device's k and v (B, h, T/K, D) concatenated in group order
         along the sequence, (B, h, T, D); in backward each device gets back the

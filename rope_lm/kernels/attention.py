@@ -52,14 +52,11 @@ import torch
 import torch.nn.functional as F
 
 from rope_lm.core import flex as flex_kernel
-from rope_lm.core.visible_keys import block_keys, key_index, pair_mask
-from rope_lm.kernels import distance_bias, sharded_sequence, two_pass
+from rope_lm.core.visible_keys import block_keys, key_index
+from rope_lm.kernels import distance_bias, offset_sdpa, sharded_sequence, two_pass
 from rope_lm.kernels.sdpa_parts import match_heads, sink_column, with_sink_key
 
 KERNELS = ("auto", "sdpa", "flex", "explicit")
-# Largest score block (elements) held at once; beyond it queries are processed
-# in blocks so that long evaluations never allocate a T x T tensor.
-MAX_SCORE_ELEMENTS = 1 << 24
 
 
 @dataclass
@@ -136,7 +133,7 @@ def attend(q, k, v, scheme, layer, pos, plan: AttnPlan, ctx, kernel: str = "auto
         return scheme_attention(q, k, v, scheme, layer, pos, plan, ctx, kernel, terms)
     kernel = chosen
     if kernel == "two_pass":  # keeps grouped heads grouped
-        return two_pass.full_attention(q, k, v, scheme, layer, pos, plan, ctx, MAX_SCORE_ELEMENTS)
+        return two_pass.full_attention(q, k, v, scheme, layer, pos, plan, ctx, offset_sdpa.MAX_SCORE_ELEMENTS)
     k, v = match_heads(q, k, v)
     if kernel == "explicit":
         return explicit_attention(q, k, v, scheme, layer, pos, plan, ctx)
@@ -168,21 +165,6 @@ def scheme_attention(q, k, v, scheme, layer, pos, plan, ctx, kernel="auto", term
 MASKED_BIAS_MIN_QUERIES = 384
 
 
-def _query_blocks(B, H, T, min_queries=1, offset=0):
-    """(start, end) of query blocks over absolute indices offset..offset+T-1,
-    each small enough that its scores over keys 0..end fit MAX_SCORE_ELEMENTS."""
-    end = offset + T
-    block = max(min_queries, min(T, MAX_SCORE_ELEMENTS // max(1, B * H * end)))
-    return [(s, min(end, s + block)) for s in range(offset, end, block)]
-
-
-def _mask(T_q0, T_q1, T_k, plan, device, k0=0):
-    """Boolean mask of allowed pairs for queries T_q0..T_q1-1 over keys k0..T_k-1."""
-    return pair_mask(
-        torch.arange(T_q0, T_q1, device=device), torch.arange(k0, T_k, device=device), plan.window, plan.sink_tokens
-    )
-
-
 def _window_keys(s, e, plan, device):
     """The keys a block of queries s..e-1 can see: (first key, index tensor
     or None). Under a window, keys before the first query's window are
@@ -212,14 +194,18 @@ def sdpa_path(q, k, v, scheme, layer, pos, plan, ctx):
         if out is not None:
             return out
     out = []
-    for s, e in _query_blocks(B, H, T):
+    for s, e in offset_sdpa.query_blocks(B, H, T):
         # Keys after the last query of the block are all masked, and so are
         # those out of every window of the block (_window_keys).
         k0, keys = _window_keys(s, e, plan, q.device)
         kb, vb, kpos = (
             (k[:, :, k0:e], v[:, :, k0:e], pos[k0:e]) if keys is None else (k[:, :, keys], v[:, :, keys], pos[keys])
         )
-        allowed = _mask(s, e, e, plan, q.device, k0) if keys is None else _mask(s, e, e, plan, q.device)[:, keys]
+        allowed = (
+            offset_sdpa.allowed_block(s, e, e, plan, q.device, k0)
+            if keys is None
+            else offset_sdpa.allowed_block(s, e, e, plan, q.device)[:, keys]
+        )
         mask = torch.zeros(allowed.shape, dtype=q.dtype, device=q.device).masked_fill(~allowed, float("-inf"))
         if scheme.has_bias:
             # A 4-D (B, H, ...) mask: torch's CPU SDPA takes its fused kernel
@@ -242,7 +228,7 @@ def _masked_bias_attention(q, k, v, scheme, layer, pos, plan, ctx):
     (PositionalScheme.masked_bias); None when it does not offer one."""
     B, H, T, _ = q.shape
     out = []
-    for s, e in _query_blocks(B, H, T, MASKED_BIAS_MIN_QUERIES):
+    for s, e in offset_sdpa.query_blocks(B, H, T, MASKED_BIAS_MIN_QUERIES):
         mask = scheme.masked_bias(layer, pos, s, e, plan.window, ctx)
         if mask is None:
             return None  # decided by the scheme and the positions, so at the first block
@@ -298,7 +284,7 @@ def _block_probs(prepared, scheme, layer, pos, plan, ctx, s, e, q0=0):
     extra = scheme.content_scores(layer, q[:, :, rows], k[:, :, :e], pos[s:e], pos[:e], ctx)
     if extra is not None:
         scores = scores + extra
-    scores = scores.masked_fill(~_mask(s, e, e, plan, q.device), float("-inf")).float()
+    scores = scores.masked_fill(~offset_sdpa.allowed_block(s, e, e, plan, q.device), float("-inf")).float()
     if plan.sink_logits is None:
         return torch.softmax(scores, dim=-1)
     sink = plan.sink_logits.float().reshape(1, -1, 1, 1).expand(*scores.shape[:-1], 1)
@@ -330,7 +316,7 @@ def _explicit_blocks(prepared, v, scheme, layer, pos, plan, ctx, q0=0):
     queries are the last ones, from absolute index q0, of len(pos) tokens."""
     B, H, t, _ = prepared[2].shape
     out = []
-    for s, e in _query_blocks(B, H, t, offset=q0):
+    for s, e in offset_sdpa.query_blocks(B, H, t, offset=q0):
         probs = _block_probs(prepared, scheme, layer, pos, plan, ctx, s, e, q0).to(v.dtype)
         y = probs @ v[:, :, :e]
         value = scheme.value_term(layer, probs, pos[s:e], pos[:e], ctx)
@@ -350,7 +336,7 @@ def offset_attention(q, kr, v, scheme, layer, pos, plan, ctx, *, qr, k=None, q2=
         q, qr = q * qs, qr * qs
         q2 = None if q2 is None else q2 * qs
     if plan.two_pass and two_pass.fits(scheme, plan):
-        return two_pass.attention(qr, kr, q2, k2, v, plan, q0, MAX_SCORE_ELEMENTS)
+        return two_pass.attention(qr, kr, q2, k2, v, plan, q0, offset_sdpa.MAX_SCORE_ELEMENTS)
     if scheme.has_content_terms or plan.two_pass:
         kk = kr if k is None else k
         kk, kr, v = match_heads(q, kk, kr, v)
@@ -359,37 +345,7 @@ def offset_attention(q, kr, v, scheme, layer, pos, plan, ctx, *, qr, k=None, q2=
         return _explicit_blocks((q, kk, qr, kr, q2, k2), v, scheme, layer, pos, plan, ctx, q0)
     if q0 == 0:  # a prefill: the full forward's kernels (causal SDPA, distance bias)
         return sdpa_path(qr, kr, v, scheme, layer, pos, plan, ctx)
-    return _offset_sdpa(qr, kr, v, scheme, layer, pos, plan, ctx, q0)
-
-
-def _offset_sdpa(q, k, v, scheme, layer, pos, plan, ctx, q0):
-    """SDPA for queries q0.. over keys 0..; grouped heads are folded into the
-    query rows, (B, Hkv, G * t, D), so the cached keys are never repeated."""
-    B, H, t, D = q.shape
-    Hkv = k.shape[1]
-    G = H // Hkv
-    out = []
-    sinks = plan.sink_logits is not None
-    for s, e in _query_blocks(B, H, t, offset=q0):
-        qb = q[:, :, s - q0 : e - q0].reshape(B, Hkv, G * (e - s), D)
-        kb, vb = k[:, :, :e], v[:, :, :e]
-        if sinks:  # per query head, so per (group, query) row of the folded layout
-            col = plan.sink_logits.reshape(1, Hkv, G, 1, 1).expand(1, Hkv, G, e - s, 1)
-            qb, kb, vb = with_sink_key(qb, kb, vb, col.reshape(1, Hkv, G * (e - s), 1))
-        mask = None
-        if scheme.has_bias or plan.window or e - s > 1:
-            mask = torch.zeros(e - s, e, dtype=q.dtype, device=q.device)
-            mask = mask.masked_fill(~_mask(s, e, e, plan, q.device), float("-inf"))
-            if scheme.has_bias:
-                mask = mask + scheme.bias(layer, pos[s:e], pos[:e], ctx).to(q.dtype)  # (H, tq, e)
-                mask = mask.reshape(1, Hkv, G * (e - s), e)
-            else:
-                mask = mask.repeat(G, 1)
-            if sinks:
-                mask = F.pad(mask, (1, 0))
-        y = F.scaled_dot_product_attention(qb, kb, vb, attn_mask=mask, scale=1 / math.sqrt(D) if sinks else None)
-        out.append(y.reshape(B, H, e - s, D))
-    return torch.cat(out, dim=2)
+    return offset_sdpa.offset_sdpa(qr, kr, v, scheme, layer, pos, plan, ctx, q0)
 
 
 def flex_path(q, k, v, scheme, layer, pos, plan, ctx, compiled: bool = True):

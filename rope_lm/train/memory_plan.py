@@ -38,6 +38,15 @@ moment: DDP keeps a second copy of the gradients (its buckets); FSDP
 plus the whole weights of the root unit and of two blocks (the one running
 and the one prefetched) and one block's whole gradients before they are
 reduce-scattered. Activations are per device and do not shrink with N.
+
+Under context parallelism (trainer.context_parallel=K) the traced step is one
+device's: its T/K tokens of each sequence (its share of every activation and
+of the loss), the keys and values of all K gathered in each layer (a buffer of
+the whole sequence's, made in the trace as the gather makes it), and its
+queries' scores over every key (rope_lm/kernels/sharded_sequence.py); FSDP
+shards the weights, gradients and optimizer state over the K devices of a
+sequence (the context dimension of the mesh). Lengths are then planned in
+multiples of both 64 and 2K (the shards' chunks).
 """
 
 from dataclasses import dataclass, field
@@ -46,7 +55,8 @@ import math
 import torch
 
 from rope_lm.core.errors import ConfigError
-from rope_lm.kernels.attention import MAX_SCORE_ELEMENTS
+from rope_lm.core.sequence_shards import SequenceShards, head_tail_order
+from rope_lm.kernels.offset_sdpa import MAX_SCORE_ELEMENTS
 from rope_lm.model.head import CHUNK_TOKENS, mean_cross_entropy
 from rope_lm.model.layout import UNRESOLVED
 from rope_lm.model.recompute import SETTING
@@ -94,10 +104,12 @@ def trace_step(
     precision: str = "32-true",
     optim: OptimConfig | None = None,
     layers=UNRESOLVED,
+    context: int = 1,
 ) -> Trace:
     """A training step of this model at (batch, seq_len) under fake tensors,
     its optimizer state made beforehand (as the second and later steps hold it);
-    `layers`: the model's resolved layer specs (RunConfig.layers)."""
+    `layers`: the model's resolved layer specs (RunConfig.layers); `context`:
+    the devices that share each sequence, of which this is one (K)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.distributed._tools.mem_tracker import MemTracker
 
@@ -116,10 +128,11 @@ def trace_step(
         if precision in ("bf16-true", "16-true"):
             net = net.to(dtype)
         net.train()
-        step = _Step(net)
+        shards = _TracedShards.of(seq_len, context) if context > 1 else None
+        step = _Step(net, shards)
         opt, _ = build_optimizer(net, optim, 1)
-        x = torch.zeros(batch, seq_len, dtype=torch.long)
-        y = torch.zeros(batch, seq_len, dtype=torch.long)
+        x = torch.zeros(batch, seq_len // context, dtype=torch.long)
+        y = torch.zeros(batch, seq_len // context, dtype=torch.long)
         # The optimizer state as every step after the first holds it (a step on zero gradients makes it,
         # untraced); then the one traced step: forward and backward, then the optimizer's step.
         for p in net.parameters():
@@ -242,9 +255,9 @@ class _Step(torch.nn.Module):
     loss: rope_lm.model.head.mean_cross_entropy) with its two halves as
     modules of their own, so the loss has a peak of its own in the trace."""
 
-    def __init__(self, net):
+    def __init__(self, net, shards=None):
         super().__init__()
-        self.body = _Hidden(net)
+        self.body = _Hidden(net, shards)
         self.head = _Loss(net)
 
     def forward(self, x, y):
@@ -252,12 +265,26 @@ class _Step(torch.nn.Module):
 
 
 class _Hidden(torch.nn.Module):
-    def __init__(self, net):
+    def __init__(self, net, shards=None):
         super().__init__()
         self.net = net
+        self.shards = shards
 
     def forward(self, x):
-        return self.net.hidden(x, None)
+        return self.net.hidden(x, None, shards=self.shards)
+
+
+class _TracedShards(SequenceShards):
+    """Device 0 of K sharing each sequence, in a trace of one process: the
+    gather makes the whole sequence's keys and values as the all-gather does
+    (from this device's, repeated: the trace counts bytes, not values)."""
+
+    @classmethod
+    def of(cls, seq_len: int, context: int):
+        return cls(seq_len, 0, context, "", head_tail_order(seq_len, context))
+
+    def gather(self, k, v):
+        return torch.cat([k] * self.size, 2), torch.cat([v] * self.size, 2)
 
 
 class _Loss(torch.nn.Module):
@@ -297,13 +324,24 @@ class Setup:
     devices: int = 1  # trainer.devices x trainer.num_nodes
     strategy: str = "single"  # single | ddp | fsdp
     precision: str = "32-true"
+    context: int = 1  # devices sharing each sequence (trainer.context_parallel; FSDP shards over these)
+
+    @property
+    def shards(self) -> int:
+        """The devices FSDP splits the weights, gradients and optimizer state over."""
+        return self.context if self.context > 1 else self.devices
+
+    @property
+    def step(self) -> int:
+        """Planned lengths are multiples of this: 64, and 2K under context parallelism."""
+        return math.lcm(STEP, 2 * self.context) if self.context > 1 else STEP
 
 
 def _sharded(t: Trace, setup: Setup, moment: tuple) -> int:
     """One moment's total as one device of `setup` holds it."""
     total, weights, grads, optimizer = moment
     if setup.strategy == "fsdp":
-        n = setup.devices
+        n = setup.shards
         total -= weights + grads + optimizer
         total += weights // n + _unsharded(t, setup) + optimizer // n + (grads // n + t.block_params if grads else 0)
     elif setup.strategy == "ddp":
@@ -321,7 +359,7 @@ def per_device(t: Trace, setup: Setup) -> dict:
     total is the largest moment, each sharded as `setup` shards it."""
     row = {"parameters": t.params, "gradients": t.grads, "optimizer state": t.optimizer}
     if setup.strategy == "fsdp":
-        n = setup.devices
+        n = setup.shards
         row = {
             "parameters": t.params // n + _unsharded(t, setup),
             "gradients": t.grads // n + t.block_params,
@@ -404,17 +442,21 @@ class Fit:
         for name, poly in self.parts.items():
             row[name] = int(round(poly(n)))
         row["total"] = int(round(max(p(n) for p in self.moments.values())))
-        row["loss / logits"] = loss_bytes(batch * n, vocab_size)
+        row["loss / logits"] = loss_bytes(batch * n // setup.context, vocab_size)
         return row
 
 
-def fit_start(batch: int, n_head: int) -> int:
-    """The first length, a multiple of STEP, past every point where the kernels
-    change shape: the loss in two whole chunks and more (batch x length > 2 x CHUNK_TOKENS) and the
-    explicit attention's query blocks capped (batch x heads x length^2 >=
-    MAX_SCORE_ELEMENTS)."""
-    n = max(2 * CHUNK_TOKENS // batch + 1, math.isqrt(MAX_SCORE_ELEMENTS // max(1, batch * n_head)) + 1, 4 * STEP)
-    return -(-n // STEP) * STEP
+def fit_start(batch: int, n_head: int, context: int = 1, step: int = STEP) -> int:
+    """The first length, a multiple of `step`, past every point where the kernels
+    change shape: the loss in two whole chunks and more (batch x length / K > 2 x CHUNK_TOKENS) and the
+    attention's query blocks capped (batch x heads x length^2 / K >= MAX_SCORE_ELEMENTS; K: the
+    devices sharing each sequence, 1 without context parallelism)."""
+    n = max(
+        2 * CHUNK_TOKENS * context // batch + 1,
+        math.isqrt(MAX_SCORE_ELEMENTS * context // max(1, batch * n_head)) + 1,
+        4 * step,
+    )
+    return -(-n // step) * step
 
 
 # --- the plan ----------------------------------------------------------------------
@@ -436,13 +478,20 @@ class Planner:
         key = (n, checkpointing)
         if key not in self.traces:
             self.traces[key] = trace_step(
-                *self.args, n, self.batch, checkpointing, self.setup.precision, self.optim, self.layers
+                *self.args,
+                n,
+                self.batch,
+                checkpointing,
+                self.setup.precision,
+                self.optim,
+                self.layers,
+                self.setup.context,
             )
         return self.traces[key]
 
     def direct(self, n: int, checkpointing: bool) -> dict:
         row = per_device(self.trace(n, checkpointing), self.setup)
-        row["loss / logits"] = loss_bytes(self.batch * n, self.vocab_size)
+        row["loss / logits"] = loss_bytes(self.batch * n // self.setup.context, self.vocab_size)
         return row
 
     def fit(self, checkpointing: bool) -> Fit | None:
@@ -454,8 +503,9 @@ class Planner:
         start = self.start()
         found = None
         for _ in range(WIDENINGS + 1):
-            lengths = tuple(int(start * k) // STEP * STEP for k in FIT_POINTS)
-            held = int(start * HELD_OUT) // STEP * STEP
+            step = self.setup.step
+            lengths = tuple(int(start * k) // step * step for k in FIT_POINTS)
+            held = int(start * HELD_OUT) // step * step
             if self.limit is not None and held > self.limit:
                 break
             found = self._fit_at(lengths, held, checkpointing)
@@ -501,7 +551,9 @@ class Planner:
 
     def switches(self) -> list[int]:
         """The lengths past which a step holds less than at them: the last whole-loss length."""
-        last = CHUNK_TOKENS // self.batch
+        last = CHUNK_TOKENS * self.setup.context // self.batch
+        if self.setup.context > 1:  # a length the shards divide (2K chunks)
+            last = last // (2 * self.setup.context) * (2 * self.setup.context)
         return [last] if last >= 1 and (self.limit is None or last <= self.limit) else []
 
     def _raw(self, n: int, checkpointing: bool) -> dict:
@@ -514,12 +566,14 @@ class Planner:
         return self.direct(n, checkpointing)
 
     def start(self) -> int:
-        return fit_start(self.batch, self.args[0].get("n_head", 1))
+        return fit_start(self.batch, self.args[0].get("n_head", 1), self.setup.context, self.setup.step)
 
     def longest(self, budget: float, checkpointing: bool):
-        """The longest multiple of STEP whose total fits `budget` bytes: an int,
+        """The longest multiple of the setup's step (64, or a multiple of 2K
+        under context parallelism) whose total fits `budget` bytes: an int,
         ("all", limit) where every length the model takes fits, or None where
-        not even STEP tokens fit."""
+        not even one step's tokens fit."""
+        step = self.setup.step
         top = self.limit if self.limit is not None else MAX_LENGTH
         f = self.fit(checkpointing)
         if f is not None and self.column(f.start, checkpointing)["total"] <= budget:
@@ -527,24 +581,24 @@ class Planner:
             n = min(p.longest(budget, f.start) for p in f.moments.values())
             if n >= top:
                 return ("all", self.limit)
-            n = int(n) // STEP * STEP
+            n = int(n) // step * step
             while n > f.start and self.column(n, checkpointing)["total"] > budget:  # rounding at the edge
-                n -= STEP
+                n -= step
             return n
         hi = f.start if f is not None else (top if self.limit is not None else None)
-        lo = STEP
+        lo = step
         if self.column(lo, checkpointing)["total"] > budget:
             return None
         if hi is None:  # no fit: double until it does not fit (direct traces, slow at long lengths)
-            hi = 2 * STEP
+            hi = 2 * step
             while self.column(hi, checkpointing)["total"] <= budget:
                 lo, hi = hi, 2 * hi
                 if hi > top:
                     return ("all", self.limit)
         elif self.column(hi, checkpointing)["total"] <= budget:
             return ("all", self.limit) if self.limit is not None and hi >= self.limit else hi
-        while hi - lo > STEP:  # lo fits, hi does not
-            mid = (lo + hi) // 2 // STEP * STEP
+        while hi - lo > step:  # lo fits, hi does not
+            mid = (lo + hi) // 2 // step * step
             if self.column(mid, checkpointing)["total"] <= budget:
                 lo = mid
             else:
@@ -599,7 +653,7 @@ def plan(
         if device_gb:
             column["longest seq_len"] = planner.longest(device_gb * GiB, on)
             if column["longest seq_len"] is None:
-                column["smallest"] = planner.column(STEP, on)["total"]
+                column["smallest"] = planner.column(setup.step, on)["total"]
         out["columns"][name] = column
         if on in planner.fits:
             out["fits"][name] = planner.fits[on]
@@ -616,6 +670,7 @@ def setup_of(trainer) -> Setup:
 
     world = max(1, trainer.num_devices) * max(1, trainer.num_nodes)
     strategy = trainer.strategy
+    context = getattr(strategy, "context_parallel", 1)  # train/context_parallel.ContextParallelStrategy
     if isinstance(strategy, BlockShardedStrategy):
         kind = "fsdp"
     elif isinstance(strategy, DDPStrategy):
@@ -627,7 +682,7 @@ def setup_of(trainer) -> Setup:
             f"trainer.strategy={type(strategy).__name__} is not one the memory plan knows; it plans one device, "
             f"DDP (trainer.strategy=ddp) and FSDP (trainer=fsdp)."
         )
-    return Setup(devices=world, strategy=kind, precision=str(trainer.precision))
+    return Setup(devices=world, strategy=kind, precision=str(trainer.precision), context=context)
 
 
 def format_plan(p: dict, device_gb: float | None) -> str:
@@ -636,6 +691,11 @@ def format_plan(p: dict, device_gb: float | None) -> str:
         f"Memory plan per device: data.seq_len={p['seq_len']}, data.batch_size={p['batch']} per device, "
         f"{s.devices} device(s), {s.strategy}, precision {s.precision}"
     )
+    if s.context > 1:
+        head += (
+            f"; context parallelism: each sequence split over {s.context} devices ({p['seq_len'] // s.context} "
+            f"tokens each, every layer's keys and values gathered whole), FSDP over those {s.context}"
+        )
     cols = list(p["columns"])
     names = [
         "parameters",
@@ -657,7 +717,7 @@ def format_plan(p: dict, device_gb: float | None) -> str:
         for c, f in zip(cols, fits):
             if f is None:
                 notes.append(
-                    f"{c}: none fits {device_gb:g} GiB; not even data.seq_len={STEP} does (it needs "
+                    f"{c}: none fits {device_gb:g} GiB; not even data.seq_len={s.step} does (it needs "
                     f"{_gib(p['columns'][c]['smallest'])})."
                 )
             elif isinstance(f, tuple):
