@@ -7,11 +7,15 @@
 #   then, alone on the GPU,
 #   3. the base model (GPT-2-small shape, 50k vocabulary) in bf16 against Hugging
 #      Face Llama and through Lightning: training tokens/s and MFU, with and without
-#      torch.compile, and evaluation at 32k and 64k tokens with peak memory.
+#      torch.compile, and evaluation at 32k and 64k tokens with peak memory;
+#   4. on a node with two GPUs or more, context parallelism: one sequence split over
+#      2 GPUs (NCCL) against one GPU holding it, training tokens/s and each GPU's peak
+#      memory beside the plan (benchmarks/context_parallel.py; skipped with one GPU,
+#      where part 1's tests/test_cuda.py checks its FlexAttention path).
 #
 #   bash benchmarks/gpu_rows.sh <out dir>     # writes env.txt, *.log, *.json there
 #
-# Each part has its own time limit (TEST_S, SCHEMES_S, BASE_S seconds), so a slow one
+# Each part has its own time limit (TEST_S, SCHEMES_S, BASE_S, CP_S seconds), so a slow one
 # cannot take the others' time; a part cut short still leaves its log (the bench logs
 # every round). On an H200 (2026-11-27) the tests took 84 s, the first model of part 2
 # about 3 min (a flex compile per scheme), part 3 over 220 s.
@@ -41,4 +45,12 @@ timeout -k 10 "${BASE_S:-300}" $PY benchmarks/bench.py device=cuda models=[base]
     repeats=3 eval_lengths=[32768,65536] eval_repeats=1 peak_tflops=989 out="$OUT/bench_base.json" > "$OUT/bench_base.log" 2>&1
 echo "bench_base rc=$?" >> "$OUT/env.txt"
 stop_workers
+
+if [ "$(nvidia-smi -L 2>/dev/null | wc -l)" -ge 2 ]; then
+  timeout -k 10 "${CP_S:-240}" $PY benchmarks/context_parallel.py device=cuda model=base vocab_size=50257 \
+      seq_lens=[8192,32768] steps=3 out="$OUT/context_parallel.json" > "$OUT/context_parallel.log" 2>&1
+  echo "context_parallel rc=$?" >> "$OUT/env.txt"
+else
+  echo "context_parallel skipped: one GPU (it splits a sequence over two)" >> "$OUT/env.txt"
+fi
 date -u >> "$OUT/env.txt"
