@@ -415,3 +415,31 @@ def test_served_schemes_and_methods_pass_the_check(tiny_config):
         config = {**tiny_config, "pos": {"name": pos}, "scaling": {"name": scaling}}
         config["trainer"] = {**tiny_config["trainer"], "context_parallel": 2}
         resolve_run(config)
+
+
+def test_two_replicas_of_two_devices_train_the_global_batch_of_one_process(tiny_data_options, tmp_path):
+    """The 2-D mesh: 4 CPU processes, 2 data-parallel replicas (each its own half of the batch)
+    of 2 devices sharing each sequence, train the curve of one process with the whole batch."""
+    from test_sharded import SETTINGS, curve, data_overrides, finished, train
+
+    batch = tiny_data_options["batch_size"]
+    steps = 4
+    four = train(
+        [
+            *data_overrides(tiny_data_options, batch // 2),
+            *SETTINGS,
+            "trainer.context_parallel=2",
+            "trainer.devices=4",
+            f"trainer.max_steps={steps}",
+        ],
+        tmp_path / "four",
+    )
+    one = train(
+        [*data_overrides(tiny_data_options, batch), *SETTINGS, "trainer.devices=1", f"trainer.max_steps={steps}"],
+        tmp_path / "one",
+    )
+    finished(four)
+    finished(one)
+    expected, got = curve(tmp_path / "one"), curve(tmp_path / "four")
+    assert sorted(got) == sorted(expected) and len(got) == steps
+    assert [got[s] for s in sorted(got)] == pytest.approx([expected[s] for s in sorted(expected)], rel=2e-5)
