@@ -160,7 +160,15 @@ def main(argv: list[str]):
             f"is refused) or continue (finish a part-way evaluation in out=)."
         )
     results = evaluate_checkpoint(
-        cfg["ckpt"], methods, cfg["eval"], data, cfg["out"], cfg["device"], hf=cfg["hf"], existing=cfg["existing"]
+        cfg["ckpt"],
+        methods,
+        cfg["eval"],
+        data,
+        cfg["out"],
+        cfg["device"],
+        hf=cfg["hf"],
+        existing=cfg["existing"],
+        scaled_layers=cfg["scaled_layers"],
     )
     print("\n" + markdown_table(results))
     print(f"Results: {results['out_dir']}/ (results.json, results.md, ppl_vs_length.png)")

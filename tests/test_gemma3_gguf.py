@@ -316,3 +316,30 @@ def test_a_package_that_cannot_give_its_gguf_is_one_paragraph(tmp_path, monkeypa
     fake_package(tmp_path, monkeypatch, name, body)
     with pytest.raises(ConfigError, match=match):
         gguf_file(f"pkg:{name}")
+
+
+def test_the_evaluation_script_takes_the_layers_a_method_acts_on(tiny_gemma, tiny_corpus, tmp_path):
+    """scripts/eval_extrapolation.py scaled_layers=: the evaluation records the
+    layers each method acted on; a ckpt= with it, or a layer the model lacks,
+    is one paragraph before any work."""
+    import json
+
+    from rope_lm.runs.eval_run import evaluate_checkpoint
+
+    data = {"path": tiny_corpus, "source": "files", "valid_fraction": 0.2, "test_fraction": 0.2, "vocab_size": 300}
+    options = {"multipliers": [1, 2], "token_budget": 128, "bootstrap": 0}
+    yarn = {"name": "yarn", "factor": 2.0}
+    evaluate_checkpoint(None, [yarn], options, data, str(tmp_path / "first"), "cpu", hf=tiny_gemma, scaled_layers=[0])
+    evaluate_checkpoint(None, [yarn], options, data, str(tmp_path / "own"), "cpu", hf=tiny_gemma)
+    first, own = (json.load(open(tmp_path / name / "results.json")) for name in ("first", "own"))
+    assert all(r["scaling"]["layers"] == [0] for r in first["results"] if r["method"] == "yarn")
+    assert all(r["scaling"]["layers"] == [1, 3] for r in own["results"] if r["method"] == "yarn")
+    assert [r["ppl"] for r in first["results"]] != [r["ppl"] for r in own["results"]]
+
+    with pytest.raises(ConfigError, match=r"scaled_layers=\[9\] names layers \[9\] of a model with 4"):
+        evaluate_checkpoint(None, [yarn], options, data, str(tmp_path / "bad"), "cpu", hf=tiny_gemma, scaled_layers=[9])
+    with pytest.raises(ConfigError, match=r"a rope-lm checkpoint's layers take a method as its model.layout says"):
+        evaluate_checkpoint(
+            str(tmp_path / "any"), [yarn], options, data, str(tmp_path / "ckpt"), "cpu", scaled_layers="all"
+        )
+    assert not (tmp_path / "bad").exists() and not (tmp_path / "ckpt").exists()

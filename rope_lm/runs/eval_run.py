@@ -343,6 +343,7 @@ def evaluate_checkpoint(
     device: str = "auto",
     hf: str | None = None,
     existing: str = "refuse",
+    scaled_layers=None,
 ) -> dict:
     """Re-use a trained checkpoint (or, with hf=, a transformers Llama-family
     model by local folder or hub name): ppl@L under each extrapolation method,
@@ -356,7 +357,21 @@ def evaluate_checkpoint(
     eval_cfg, controls = eval_settings(eval_options)
     data_overrides = typed(data_overrides or {}, DATA_ANNOTATIONS, "data.", "data")
     methods = [typed_component(METHODS, m or {"name": "none"}, "scaling") for m in methods]
-    trained = open_model(f"hf:{hf}" if hf else ckpt_path, device)
+    if scaled_layers is not None and not hf:
+        raise ConfigError(
+            f"scaled_layers={scaled_layers!r} chooses the layers a method acts on in a model imported with hf=; a "
+            f"rope-lm checkpoint's layers take a method as its model.layout says (a layer's `scaling: false` keeps "
+            f"it off), fixed when it was trained. Leave scaled_layers out for ckpt=, or evaluate an hf= model."
+        )
+    trained = open_model(f"hf:{hf}" if hf else ckpt_path, device, scaled_layers=scaled_layers)
+    if hf:  # each method on the layers it acts on, refused before any work where it cannot act there
+        from rope_lm.hf.load import check_windowed_layers
+
+        own = trained.model.scaling
+        for options in methods:
+            trained.model.set_scaling(options)
+            check_windowed_layers(trained.model)
+        trained.model.set_scaling(own)
     hp, model = trained.hparams, trained.model
     lengths = eval_cfg.resolve_lengths(model.cfg.train_len)
     as_trained = model.scaling  # the method the model was trained under: decides whether a control applies

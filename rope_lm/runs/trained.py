@@ -140,7 +140,12 @@ def _hf_name(source: str, setting: str) -> str | None:
 
 
 def open_model(
-    source: str, device: str = "auto", scaling: dict | None = None, setting: str = "ckpt", layers=UNRESOLVED
+    source: str,
+    device: str = "auto",
+    scaling: dict | None = None,
+    setting: str = "ckpt",
+    layers=UNRESOLVED,
+    scaled_layers=None,
 ) -> Trained:
     """A trained model in eval mode on `device` ("auto": cuda when there is
     one), optionally under another extrapolation method (`scaling`, options
@@ -148,19 +153,24 @@ def open_model(
     trained with. A bad source is a ConfigError naming `setting`. `layers`:
     a rope-lm checkpoint's layer specs where the caller resolved its run's
     settings already (RunConfig.layers); left out, they are resolved here,
-    once, from the checkpoint's settings."""
+    once, from the checkpoint's settings. `scaled_layers`: for an imported
+    model, the layers a method acts on (rope_lm.hf.load.name_layers)."""
     _required(source, setting)
     device = resolve_device(device)
     name = _hf_name(source, setting)
     if name is not None:
         from rope_lm.hf.load import hf_lit
 
-        lit, path = hf_lit(name).to(device).eval(), HF + name
+        lit, path = hf_lit(name, scaled_layers=scaled_layers).to(device).eval(), HF + name
     else:
         lit, ckpt = load_checkpoint(source, device, setting, layers)
         path = os.path.abspath(ckpt)
     if scaling:
         lit.model.set_scaling(scaling)
+        if name is not None:
+            from rope_lm.hf.load import check_windowed_layers
+
+            check_windowed_layers(lit.model)
     return Trained(lit=lit, source=source, path=path)
 
 
