@@ -333,6 +333,7 @@ def test_the_evaluation_script_takes_the_layers_a_method_acts_on(tiny_gemma, tin
     evaluate_checkpoint(None, [yarn], options, data, str(tmp_path / "own"), "cpu", hf=tiny_gemma)
     first, own = (json.load(open(tmp_path / name / "results.json")) for name in ("first", "own"))
     assert all(r["scaling"]["layers"] == [0] for r in first["results"] if r["method"] == "yarn")
+    assert first["config"]["scaled_layers"] == [0] and own["config"]["scaled_layers"] is None  # compare.py's labels
     assert all(r["scaling"]["layers"] == [1, 3] for r in own["results"] if r["method"] == "yarn")
     assert [r["ppl"] for r in first["results"]] != [r["ppl"] for r in own["results"]]
 

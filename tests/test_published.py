@@ -624,6 +624,18 @@ def self_extend_loses_the_key():
     return rows
 
 
+GEMMA_GLOBAL, GEMMA_ALL = "rope+layout + yarn (scaled_layers=None)", "rope+layout + yarn (scaled_layers=all)"
+
+
+def dca_loses_the_key():
+    """DCA past the plain model but only 40% of passkeys at 4 x L (32,768)."""
+    rows = self_extend_loses_the_key()
+    for r in rows:
+        r.update(scheme="rope+layout", train_len=32768, length=r["length"] * 4)
+        r["method"] = "dca" if r["method"] == "self_extend" else "none"
+    return rows
+
+
 def finetunes(pose: float, half: float = 5.0):
     """PPL at 2,048 tokens of fine-tuned runs, each recording its own fine-tuning length: PoSE with PI at 128
     (2,048 is 16 x its L), and PI / YaRN at 2,048 (1 x theirs)."""
@@ -817,6 +829,20 @@ CONTROLS = {
     "real_ntk_flat_at_2x": lambda: P.ppl_rows([committed("rope_scaling_pg19_6000")]),
     "real_yarn_flat_at_2x": lambda: P.ppl_rows([committed("rope_scaling_pg19_6000")]),
     "real_self_extend_passkey": self_extend_loses_the_key,
+    # YaRN on the global layers at 1.3 [1.25, 1.36] of its PPL at L at 2 x L: above the band
+    "gemma3_yarn_global_flat_at_2x": lambda: [
+        {**r, "ppl_rel_lo": r["ppl_rel"] - 0.05, "ppl_rel_hi": r["ppl_rel"] + 0.06}
+        for r in pretrained({GEMMA_GLOBAL: {32768: (20.0, 19.5, 20.5), 65536: (26.0, 25.0, 27.0)}}, train_len=32768)
+    ],
+    # every layer extended does better than the global layers alone (beyond the intervals)
+    "gemma3_local_layers_extended_hurts": lambda: pretrained(
+        {
+            GEMMA_GLOBAL: {32768: (20.0, 19.5, 20.5), 65536: (30.0, 29.0, 31.0)},
+            GEMMA_ALL: {32768: (20.0, 19.5, 20.5), 65536: (22.0, 21.0, 23.0)},
+        },
+        train_len=32768,
+    ),
+    "gemma3_dca_passkey_4x": dca_loses_the_key,
     "pose_near_full_length": lambda: finetunes(pose=150.0),  # 1.56 x YaRN's, apart beyond the intervals
     "longrope_search_beats_yarn": longrope_ties_yarn,
     "real_longrope_beats_yarn": lambda: at_k({"rope+longrope-x2": 30.0, "rope+yarn": 28.3}),  # searched, but worse

@@ -395,6 +395,8 @@ def evaluate_checkpoint(
         "eval": eval_options,
         "methods": methods,
     }
+    if hf:  # the layers the methods act on as the user named them (None: the model's own), for labels
+        config["scaled_layers"] = scaled_layers
     if imported:  # a GGUF file names its quantisation (None for a transformers folder)
         from rope_lm.hf.gguf import source_of
 
