@@ -238,17 +238,22 @@ def table(result: dict) -> str:
     return "\n".join(lines)
 
 
+def report(result: dict, text: str, out: str | None) -> None:
+    """The table printed, the rows written as JSON where `out` says (the memory benchmarks' ending)."""
+    print(text)
+    if out:
+        from rope_lm.core.files import write_json
+
+        write_json(out, result)
+        print(f"wrote {out}")
+
+
 @hydra.main(config_path="../conf", config_name="bench_activation_memory", version_base="1.3")
 @hydra_task
 def main(cfg):
     a = OmegaConf.to_container(cfg, resolve=True)
     result = run(a)
-    print(table(result))
-    if a.get("out"):
-        from rope_lm.core.files import write_json
-
-        write_json(a["out"], result)
-        print(f"wrote {a['out']}")
+    report(result, table(result), a.get("out"))
 
 
 if __name__ == "__main__":

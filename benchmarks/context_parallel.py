@@ -221,14 +221,11 @@ def table(result: dict) -> str:
 @hydra.main(config_path="../conf", config_name="bench_context_parallel", version_base="1.3")
 @hydra_task
 def main(cfg):
+    from activation_memory import report
+
     a = OmegaConf.to_container(cfg, resolve=True)
     result = run(a)
-    print(table(result))
-    if a.get("out"):
-        from rope_lm.core.files import write_json
-
-        write_json(a["out"], result)
-        print(f"wrote {a['out']}")
+    report(result, table(result), a.get("out"))
 
 
 if __name__ == "__main__":
