@@ -52,7 +52,6 @@ import torch
 import torch.nn.functional as F
 
 from rope_lm.core import flex as flex_kernel
-from rope_lm.core.visible_keys import block_keys, key_index
 from rope_lm.kernels import distance_bias, offset_sdpa, sharded_sequence, two_pass
 from rope_lm.kernels.sdpa_parts import match_heads, sink_column, with_sink_key
 
@@ -165,15 +164,6 @@ def scheme_attention(q, k, v, scheme, layer, pos, plan, ctx, kernel="auto", term
 MASKED_BIAS_MIN_QUERIES = 384
 
 
-def _window_keys(s, e, plan, device):
-    """The keys a block of queries s..e-1 can see: (first key, index tensor
-    or None). Under a window, keys before the first query's window are
-    dropped (a sliding-window layer costs T x (window + block), not T x T);
-    with sink tokens the first ones are kept too, as an index tensor."""
-    k0, sinks = block_keys(s, plan.window, plan.sink_tokens)
-    return k0, key_index(k0, sinks, e, device)
-
-
 def sdpa_path(q, k, v, scheme, layer, pos, plan, ctx):
     k, v = match_heads(q, k, v)
     B, H, T, D = q.shape
@@ -196,8 +186,8 @@ def sdpa_path(q, k, v, scheme, layer, pos, plan, ctx):
     out = []
     for s, e in offset_sdpa.query_blocks(B, H, T):
         # Keys after the last query of the block are all masked, and so are
-        # those out of every window of the block (_window_keys).
-        k0, keys = _window_keys(s, e, plan, q.device)
+        # those out of every window of the block (offset_sdpa.window_keys).
+        k0, keys = offset_sdpa.window_keys(s, e, plan, q.device)
         kb, vb, kpos = (
             (k[:, :, k0:e], v[:, :, k0:e], pos[k0:e]) if keys is None else (k[:, :, keys], v[:, :, keys], pos[keys])
         )

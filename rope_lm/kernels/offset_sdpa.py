@@ -9,7 +9,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from rope_lm.core.visible_keys import pair_mask
+from rope_lm.core.visible_keys import block_keys, key_index, pair_mask
 from rope_lm.kernels.sdpa_parts import with_sink_key
 
 # Largest score block (elements) held at once; beyond it queries are processed
@@ -32,6 +32,15 @@ def allowed_block(T_q0, T_q1, T_k, plan, device, k0=0):
     )
 
 
+def window_keys(s, e, plan, device):
+    """The keys a block of queries s..e-1 can see: (first key, index tensor
+    or None). Under a window, keys before the first query's window are
+    dropped (a sliding-window layer costs T x (window + block), not T x T);
+    with sink tokens the first ones are kept too, as an index tensor."""
+    k0, sinks = block_keys(s, plan.window, plan.sink_tokens)
+    return k0, key_index(k0, sinks, e, device)
+
+
 def offset_sdpa(q, k, v, scheme, layer, pos, plan, ctx, q0):
     """SDPA for queries q0..q0+t-1 over keys 0..q0+t-1 (q rotated and
     scaled; k, v rotated, Hkv heads); grouped heads are folded into the query
@@ -46,21 +55,28 @@ def offset_sdpa(q, k, v, scheme, layer, pos, plan, ctx, q0):
     sinks = plan.sink_logits is not None
     for s, e in query_blocks(B, H, t, offset=q0):
         qb = q[:, :, s - q0 : e - q0].reshape(B, Hkv, G * (e - s), D)
-        kb, vb = k[:, :, :e], v[:, :, :e]
+        # Under a window only its keys (and the sink tokens): a sliding layer's step reads its last
+        # `window` keys, not every key the cache holds.
+        k0, keys = window_keys(s, e, plan, q.device)
+        if keys is None:
+            kb, vb, kpos = k[:, :, k0:e], v[:, :, k0:e], pos[k0:e]
+        else:
+            kb, vb, kpos = k[:, :, keys], v[:, :, keys], pos[keys]
+        n = kb.shape[2]
         if sinks:  # per query head, so per (group, query) row of the folded layout
             col = plan.sink_logits.reshape(1, Hkv, G, 1, 1).expand(1, Hkv, G, e - s, 1)
             qb, kb, vb = with_sink_key(qb, kb, vb, col.reshape(1, Hkv, G * (e - s), 1))
         mask = None
         if scheme.has_bias:
-            mask = _float_mask(s, e, plan, q.dtype, q.device)
-            mask = mask + scheme.bias(layer, pos[s:e], pos[:e], ctx).to(q.dtype)  # (H, tq, e)
-            mask = mask.reshape(1, Hkv, G * (e - s), e)
+            mask = _float_mask(s, e, k0, keys, plan, q.dtype, q.device)
+            mask = mask + scheme.bias(layer, pos[s:e], kpos, ctx).to(q.dtype)  # (H, tq, n)
+            mask = mask.reshape(1, Hkv, G * (e - s), n)
             if sinks:
                 mask = F.pad(mask, (1, 0))
         elif plan.window or e - s > 1:
             key = ("offset_sdpa_mask", s, e, G, sinks, plan.window, plan.sink_tokens, q.dtype, str(q.device))
             if key not in ctx.memo:
-                shared = _float_mask(s, e, plan, q.dtype, q.device).repeat(G, 1)
+                shared = _float_mask(s, e, k0, keys, plan, q.dtype, q.device).repeat(G, 1)
                 ctx.memo[key] = F.pad(shared, (1, 0)) if sinks else shared
             mask = ctx.memo[key]
         y = F.scaled_dot_product_attention(qb, kb, vb, attn_mask=mask, scale=1 / math.sqrt(D) if sinks else None)
@@ -68,7 +84,10 @@ def offset_sdpa(q, k, v, scheme, layer, pos, plan, ctx, q0):
     return torch.cat(out, dim=2)
 
 
-def _float_mask(s, e, plan, dtype, device):
-    """(e - s, e): 0 where query s.. sees key 0.., -inf elsewhere."""
-    mask = torch.zeros(e - s, e, dtype=dtype, device=device)
-    return mask.masked_fill(~allowed_block(s, e, e, plan, device), float("-inf"))
+def _float_mask(s, e, k0, keys, plan, dtype, device):
+    """0 where query s.. sees a key, -inf elsewhere, over the keys window_keys
+    gave: k0..e-1, or the index tensor `keys`."""
+    allowed = (
+        allowed_block(s, e, e, plan, device, k0) if keys is None else allowed_block(s, e, e, plan, device)[:, keys]
+    )
+    return torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill(~allowed, float("-inf"))
