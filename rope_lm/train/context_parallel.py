@@ -35,14 +35,8 @@ class ContextParallelStrategy(BlockShardedStrategy):
         world = self.num_nodes * self.num_processes
         self._data_parallel_size = world // self.context_parallel
         self._tensor_parallel_size = self.context_parallel
+        # ModelParallelStrategy's own setup with these sizes (BlockShardedStrategy's makes every device data-parallel).
         super(BlockShardedStrategy, self).setup_environment()
-
-
-def context_size(module) -> int:
-    """K of a LightningModule's run: 1 without context parallelism."""
-    trainer = module._trainer
-    strategy = getattr(trainer, "strategy", None) if trainer is not None else None
-    return getattr(strategy, "context_parallel", 1)
 
 
 def sequence_shards(mesh, seq_len: int, device) -> SequenceShards:
