@@ -183,34 +183,9 @@ def sdpa_path(q, k, v, scheme, layer, pos, plan, ctx):
         out = _masked_bias_attention(q, k, v, scheme, layer, pos, plan, ctx) if q.dtype == torch.float32 else None
         if out is not None:
             return out
-    out = []
-    for s, e in offset_sdpa.query_blocks(B, H, T):
-        # Keys after the last query of the block are all masked, and so are
-        # those out of every window of the block (offset_sdpa.window_keys).
-        k0, keys = offset_sdpa.window_keys(s, e, plan, q.device)
-        kb, vb, kpos = (
-            (k[:, :, k0:e], v[:, :, k0:e], pos[k0:e]) if keys is None else (k[:, :, keys], v[:, :, keys], pos[keys])
-        )
-        allowed = (
-            offset_sdpa.allowed_block(s, e, e, plan, q.device, k0)
-            if keys is None
-            else offset_sdpa.allowed_block(s, e, e, plan, q.device)[:, keys]
-        )
-        mask = torch.zeros(allowed.shape, dtype=q.dtype, device=q.device).masked_fill(~allowed, float("-inf"))
-        if scheme.has_bias:
-            # A 4-D (B, H, ...) mask: torch's CPU SDPA takes its fused kernel
-            # for 2-D and 4-D masks but falls back to the slow math path for
-            # a 3-D (H, Tq, Tk) one (7x slower measured at T=128).
-            bias = scheme.bias(layer, pos[s:e], kpos, ctx).to(q.dtype)
-            mask = (mask + bias).expand(B, H, *allowed.shape)
-        qb = q[:, :, s:e]
-        if sinks:
-            qb, kb, vb = with_sink_key(qb, kb, vb, sink_column(plan, H))
-            mask = F.pad(mask, (1, 0))
-        out.append(
-            F.scaled_dot_product_attention(qb, kb, vb, attn_mask=mask, scale=1 / math.sqrt(D) if sinks else None)
-        )
-    return torch.cat(out, dim=2)
+    # Blocks of queries, each over the keys it can see (a window's and its sinks), the mask (and bias) as
+    # SDPA's float mask: the offset kernel of a cached step, from query 0.
+    return offset_sdpa.offset_sdpa(q, k, v, scheme, layer, pos, plan, ctx, 0)
 
 
 def _masked_bias_attention(q, k, v, scheme, layer, pos, plan, ctx):

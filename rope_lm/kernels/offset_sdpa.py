@@ -70,6 +70,8 @@ def offset_sdpa(q, k, v, scheme, layer, pos, plan, ctx, q0):
         if scheme.has_bias:
             mask = _float_mask(s, e, k0, keys, plan, q.dtype, q.device)
             mask = mask + scheme.bias(layer, pos[s:e], kpos, ctx).to(q.dtype)  # (H, tq, n)
+            # 4-D: torch's CPU SDPA takes its fused kernel for 2-D and 4-D masks but falls back to the
+            # slow math path for a 3-D (H, Tq, Tk) one (7x slower measured at T=128).
             mask = mask.reshape(1, Hkv, G * (e - s), n)
             if sinks:
                 mask = F.pad(mask, (1, 0))
