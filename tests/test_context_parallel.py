@@ -290,7 +290,7 @@ def test_two_cpu_ranks_sharing_each_sequence_train_like_one_process_and_resume_o
     is data.batch_size, the one process's; its loss curve and final weights
     are that process's, its checkpoint (gathered) resumes on one process
     without context parallelism, and rank 0 evaluates after training."""
-    from test_sharded import SETTINGS, STEPS, curve, data_overrides, finished, train
+    from test_sharded import SETTINGS, STEPS, assert_ends_like_one_process, curve, data_overrides, finished, train
 
     batch = tiny_data_options["batch_size"]
     cp = tmp_path / "context"
@@ -331,16 +331,7 @@ def test_two_cpu_ranks_sharing_each_sequence_train_like_one_process_and_resume_o
     assert got == pytest.approx(expected, rel=2e-5), (expected, got)
     assert len({round(v, 4) for v in got}) == STEPS
 
-    final = torch.load(cp / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
-    alone = torch.load(tmp_path / "one" / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
-    assert final["global_step"] == alone["global_step"] == STEPS
-    for key, value in alone["state_dict"].items():
-        torch.testing.assert_close(final["state_dict"][key], value, atol=2e-6, rtol=1e-4, msg=key)
-    import json
-
-    with open(cp / "results.json") as f:
-        results = json.load(f)
-    assert results["status"] == "complete" and len(results["results"]) == 2
+    assert_ends_like_one_process(cp, tmp_path / "one")
 
 
 # --- what it refuses, before any work ------------------------------------------------------------------

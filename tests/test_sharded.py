@@ -79,6 +79,21 @@ def curve(run_dir) -> dict[int, float]:
     return out
 
 
+def assert_ends_like_one_process(run_dir, one_dir, steps=STEPS):
+    """The run's final (gathered) weights equal one process's after the same steps, and the evaluation
+    after training ran once (rank 0) into one complete results.json of SETTINGS' two lengths."""
+    import json
+
+    final = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    alone = torch.load(one_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    assert final["global_step"] == alone["global_step"] == steps
+    for key, value in alone["state_dict"].items():
+        torch.testing.assert_close(final["state_dict"][key], value, atol=2e-6, rtol=1e-4, msg=key)
+    with open(run_dir / "results.json") as f:
+        results = json.load(f)
+    assert results["status"] == "complete" and len(results["results"]) == 2
+
+
 def test_two_cpu_ranks_train_resume_evaluate_and_export_like_one_process(tiny_data_options, tmp_path):
     half = tiny_data_options["batch_size"] // 2
     sharded = tmp_path / "sharded"
@@ -128,17 +143,7 @@ def test_two_cpu_ranks_train_resume_evaluate_and_export_like_one_process(tiny_da
     under_ddp = curve(tmp_path / "ddp")
     assert [under_ddp[s] for s in sorted(under_ddp)] == pytest.approx(expected[: STEPS // 2], rel=2e-5)
 
-    # The final weights equal one process's; the evaluation after training ran on rank 0.
-    final = torch.load(sharded / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
-    alone = torch.load(tmp_path / "one" / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
-    assert final["global_step"] == alone["global_step"] == STEPS
-    for key, value in alone["state_dict"].items():
-        torch.testing.assert_close(final["state_dict"][key], value, atol=2e-6, rtol=1e-4, msg=key)
-    import json
-
-    with open(sharded / "results.json") as f:
-        results = json.load(f)
-    assert results["status"] == "complete" and len(results["results"]) == 2
+    assert_ends_like_one_process(sharded, tmp_path / "one")
 
     from rope_lm.runs.export import export_checkpoint
 
