@@ -61,12 +61,7 @@ def split(x: torch.Tensor, y: torch.Tensor, shards: SequenceShards):
 
 def check_settings(context_parallel: int, seq_len: int, compile: bool, strategy) -> None:
     """Refuse, before any work, the trainer settings context parallelism cannot serve."""
-    k = context_parallel
-    if not isinstance(k, int) or isinstance(k, bool) or k < 1:
-        raise ConfigError(
-            f"trainer.context_parallel={k!r} must be a positive integer: the number of devices that share each "
-            f"training sequence (1: none)."
-        )
+    k = context_parallel  # a positive integer (TrainerConfig.validate)
     if k == 1:
         return
     if seq_len % (2 * k):
