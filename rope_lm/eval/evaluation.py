@@ -40,7 +40,7 @@ import torch
 import torch.nn.functional as F
 
 from rope_lm.core.errors import ConfigError
-from rope_lm.eval import bootstrap
+from rope_lm.eval import bootstrap, cost
 from rope_lm.model.head import token_cross_entropy
 
 log = logging.getLogger("rope_lm")
@@ -452,6 +452,55 @@ def _documents(model, stream, L, docs: np.ndarray, plan: DocumentPlan, train_len
     return row, units
 
 
+def _score_length(model, stream, L, n, cfg: EvalConfig, plan, train_len, tick) -> tuple[dict, bootstrap.Units]:
+    """One length scored under cfg.protocol (with the stream protocol's extra
+    sliding-window pass where asked): its row and its bootstrap units."""
+    if cfg.protocol == "stream":
+        row, units = _stream(model, stream, L, n, train_len, cfg.batch_tokens, cfg.position_buckets, tick)
+    elif cfg.protocol == "sliding":
+        row, units, _ = _sliding(
+            model,
+            stream,
+            L,
+            n,
+            cfg.sliding_stride,
+            train_len,
+            cfg.batch_tokens,
+            cfg.position_buckets,
+            tick,
+        )
+    else:
+        score = _document_tiles if plan.tiled else _documents
+        row, units = score(
+            model,
+            stream,
+            L,
+            plan.chosen[L],
+            plan,
+            train_len,
+            cfg.batch_tokens,
+            cfg.position_buckets,
+            tick,
+        )
+    row = {"protocol": cfg.protocol, **row, "unit": units.kind, "units": len(units)}
+    if cfg.protocol == "stream" and cfg.sliding_stride:
+        extra, extra_units, _ = _sliding(
+            model, stream, L, n, cfg.sliding_stride, train_len, cfg.batch_tokens, cfg.position_buckets, tick
+        )
+        ci = bootstrap.intervals(extra_units, cfg.bootstrap, cfg.seed, L)
+        row["sliding"] = {
+            "length": L,
+            "stride": extra["stride"],
+            "tokens": extra["tokens"],
+            "windows": extra["windows"],
+            "loss": extra["loss"],
+            "ppl": extra["ppl"],
+            "ppl_lo": ci.get("ppl_lo"),
+            "ppl_hi": ci.get("ppl_hi"),
+        }
+    return row, units
+
+
 def evaluate_lengths(
     model,
     stream: np.ndarray,
@@ -487,68 +536,21 @@ def evaluate_lengths(
     bar = _progress(cfg, lengths, n, plan)
     was_training = model.training
     model.eval()
+    device = next(model.parameters()).device
     rows, reference, done = [], None, {}
     emit = iter(sorted(lengths))
     next_up = next(emit, None)
     try:
         for L in order:
             bar.set_postfix_str(f"L={L}")
-            if cfg.protocol == "stream":
-                row, units = _stream(model, stream, L, n, train_len, cfg.batch_tokens, cfg.position_buckets, bar.update)
-            elif cfg.protocol == "sliding":
-                row, units, _ = _sliding(
-                    model,
-                    stream,
-                    L,
-                    n,
-                    cfg.sliding_stride,
-                    train_len,
-                    cfg.batch_tokens,
-                    cfg.position_buckets,
-                    bar.update,
-                )
-            else:
-                score = _document_tiles if plan.tiled else _documents
-                row, units = score(
-                    model,
-                    stream,
-                    L,
-                    plan.chosen[L],
-                    plan,
-                    train_len,
-                    cfg.batch_tokens,
-                    cfg.position_buckets,
-                    bar.update,
-                )
-            row = {"protocol": cfg.protocol, **row, "unit": units.kind, "units": len(units)}
+            with cost.measured(device) as spent:
+                row, units = _score_length(model, stream, L, n, cfg, plan, train_len, bar.update)
+            row.update(spent)
             if units_out is not None:
                 units_out[L] = units
             if cfg.protocol == "documents":
                 row["documents_shared"] = plan.shared
             row.update(bootstrap.intervals(units, cfg.bootstrap, cfg.seed, L))
-            if cfg.protocol == "stream" and cfg.sliding_stride:
-                extra, extra_units, _ = _sliding(
-                    model,
-                    stream,
-                    L,
-                    n,
-                    cfg.sliding_stride,
-                    train_len,
-                    cfg.batch_tokens,
-                    cfg.position_buckets,
-                    bar.update,
-                )
-                ci = bootstrap.intervals(extra_units, cfg.bootstrap, cfg.seed, L)
-                row["sliding"] = {
-                    "length": L,
-                    "stride": extra["stride"],
-                    "tokens": extra["tokens"],
-                    "windows": extra["windows"],
-                    "loss": extra["loss"],
-                    "ppl": extra["ppl"],
-                    "ppl_lo": ci.get("ppl_lo"),
-                    "ppl_hi": ci.get("ppl_hi"),
-                }
             if L == train_len:
                 reference = (row, units)
             if reference is not None:

@@ -114,6 +114,8 @@ def markdown_table(results: dict) -> str:
             "",
             table("sliding", lambda r, k: _fmt_ci(r[k], "ppl") if k in r else ""),
         ]
+    if any("seconds" in r for r in rows):
+        out += ["", "## Wall time and peak memory per length", "", _cost_note(rows), "", table("seconds", _fmt_cost)]
     out += [
         "",
         "## Documents and tokens scored",
@@ -127,6 +129,22 @@ def markdown_table(results: dict) -> str:
         ),
     ]
     return "\n".join(out) + "\n"
+
+
+def _fmt_cost(row: dict, key: str) -> str:
+    if key not in row:
+        return "not recorded"
+    memory = row.get("peak_memory_mb")
+    return f"{row[key]:.1f} s, " + (f"{memory:,.0f} MB" if memory is not None else "memory not measured")
+
+
+def _cost_note(rows: list) -> str:
+    kinds = sorted({r["peak_memory"] for r in rows if r.get("peak_memory")})
+    return (
+        "Seconds to score the length (forward passes and its intervals) and the peak memory meanwhile: "
+        + "; ".join(kinds)
+        + ". On a shared machine the seconds carry its load; read them beside each other within one run."
+    )
 
 
 def _control_sections(results: dict, methods: list, lengths: list, columns: list, by: dict) -> list[str]:
