@@ -14,6 +14,7 @@ import torch
 
 from rope_lm.core.errors import ConfigError
 from rope_lm.eval import bootstrap
+from rope_lm.eval.cost import COST_KEYS
 from rope_lm.eval.evaluation import EvalConfig, evaluate_lengths
 from rope_lm.eval.results import new_results
 from rope_lm.model.transformer import build_model
@@ -57,11 +58,23 @@ def cfg(**extra) -> EvalConfig:
     )
 
 
-def evaluate(model, stream, out, controls=("window",), results=None, methods=None, eval_cfg=None):
+def evaluate(model, stream, out, controls=("window",), results=None, methods=None, eval_cfg=None, window=None):
     results = results or new_results({}, {"fingerprint": "x"}, L, "tiny")
     return evaluate_and_report(
-        model, Stream(stream), eval_cfg or cfg(), methods or [None], str(out), results, controls=list(controls)
+        model,
+        Stream(stream),
+        eval_cfg or cfg(),
+        methods or [None],
+        str(out),
+        results,
+        controls=list(controls),
+        control_window=window,
     )
+
+
+def measured(row: dict) -> dict:
+    """A row's numbers without what scoring it cost (seconds and memory differ between two sittings)."""
+    return {k: v for k, v in row.items() if k not in COST_KEYS}
 
 
 def rows_of(results, method):
@@ -86,6 +99,24 @@ def test_the_control_equals_a_separate_evaluation_with_scaling_window(pos, strea
     assert own[8]["ppl"] == control[8]["ppl"] and own[32]["ppl"] != control[32]["ppl"]
     md = open(tmp_path / "results.md").read()
     assert "## PPL over the window control's on the same windows (`window`)" in md
+
+
+def test_eval_control_window_cuts_the_model_to_that_width_instead_of_its_training_length(stream, tmp_path):
+    # A model fine-tuned at a longer length read against itself cut to its base's L (train_long_bound).
+    model = tiny("rope")
+    results = evaluate(model, stream, tmp_path, window=L // 2)
+    assert results["controls"]["window"]["options"] == {"name": "window", "window": L // 2}
+    model.set_scaling({"name": "window", "window": L // 2})
+    alone = {r["length"]: r for r in evaluate_lengths(model, stream, cfg(), L)}
+    control = rows_of(results, "window")
+    for length, row in alone.items():
+        assert control[length]["ppl"] == row["ppl"], length
+    # Cut to L / 2 the model reads less than itself already at L.
+    assert rows_of(results, "none")[L]["ppl"] != control[L]["ppl"]
+    assert rows_of(results, "none")[L]["controls"]["window"]["paired"]
+    # The width of the training length is the plain control.
+    same = evaluate(tiny("rope"), stream, tmp_path / "same", window=L)
+    assert same["controls"]["window"]["options"]["window"] == "auto"
 
 
 def test_the_paired_ratio_equals_a_hand_computation_on_the_units(stream, tmp_path):
@@ -155,8 +186,8 @@ def test_a_stop_during_the_control_keeps_the_methods_rows_and_the_same_command_f
     # The control measured anew, the method's windows scored once more for their units (no rows of it written).
     assert calls == [("window", True), ("none", False)]
     assert again["status"] == "complete"
-    assert [json.dumps(r, sort_keys=True) for r in again["results"]] == [
-        json.dumps(r, sort_keys=True) for r in whole["results"]
+    assert [json.dumps(measured(r), sort_keys=True) for r in again["results"]] == [
+        json.dumps(measured(r), sort_keys=True) for r in whole["results"]
     ]
 
 
@@ -189,6 +220,20 @@ def test_a_listed_window_at_L_is_the_control_and_another_window_sharing_its_labe
 )
 def test_bad_controls_are_one_paragraph_before_any_work(tiny_config, controls, words):
     tiny_config["eval"]["controls"] = controls
+    with pytest.raises(ConfigError, match=words):
+        resolve_run(tiny_config)
+
+
+@pytest.mark.parametrize(
+    "controls, window, words",
+    [
+        (["window"], 0, "eval.control_window=0 must be a positive whole number of tokens"),
+        (["window"], "64", "eval.control_window='64' must be a positive whole number"),
+        ([], 64, r"eval.control_window=64 sets the width of the window control, but eval.controls=\[\] does not"),
+    ],
+)
+def test_a_bad_control_window_is_one_paragraph_before_any_work(tiny_config, controls, window, words):
+    tiny_config["eval"].update(controls=controls, control_window=window)
     with pytest.raises(ConfigError, match=words):
         resolve_run(tiny_config)
 

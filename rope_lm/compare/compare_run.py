@@ -1,8 +1,8 @@
 """scripts/compare.py's work: whatever the given folders hold, compared side
 by side. Task runs (task_results.json) go to compare_tasks.*, retrieval runs
-(retrieval.json) to compare_retrieval.*, perplexity runs (results.json, or a
-committed compare.csv standing for them) to compare.*; a folder may hold
-several kinds.
+(retrieval.json) to compare_retrieval.*, long-range probe runs (long_range.json)
+to compare_long_range.*, perplexity runs (results.json, or a committed
+compare.csv standing for them) to compare.*; a folder may hold several kinds.
 
 Each kind's files are written as one set (rope_lm.core.files.written_together):
 a stop (SIGTERM, Ctrl-C) leaves that set as it was before, and says so, with
@@ -12,6 +12,7 @@ the command to run again (exit status 143 or 130).
 from dataclasses import dataclass, field
 import os
 
+from rope_lm.compare.long_range_compare import compare_long_range, find_long_range_results
 from rope_lm.compare.ppl import compare, default_out
 from rope_lm.compare.ppl_runs import has_results
 from rope_lm.compare.ppl_wandb import log_to_wandb
@@ -51,7 +52,12 @@ def compare_folders(s: CompareSettings) -> dict:
         raise Interrupted(_stopped(written, s.out or (default_out(paths) if one else None)), signal_status(e)) from None
 
 
-KINDS = {"tasks": "task comparison", "retrieval": "retrieval comparison", "ppl": "perplexity comparison"}
+KINDS = {
+    "tasks": "task comparison",
+    "retrieval": "retrieval comparison",
+    "long_range": "long-range probe comparison",
+    "ppl": "perplexity comparison",
+}
 
 
 def _stopped(written: dict, out: str | None) -> str:
@@ -83,9 +89,17 @@ def _compare(s: CompareSettings, paths: list, written: dict) -> dict:
         print(open(found["files"]["markdown"]).read())
         print(f"Retrieval comparison: {found['out_dir']}/ (compare_retrieval.md, compare_retrieval.csv)")
         written["retrieval"] = found
+    # scripts/long_range_probes.py runs: the repeated span's drop and key-token PPL per model over its seeds
+    # (files with nothing scored refused only when there is nothing else to compare)
+    required = not written and not has_results(paths)
+    found = find_long_range_results(paths) and compare_long_range(paths, out, s.title, required=required)
+    if found:
+        print(open(found["files"]["markdown"]).read())
+        print(f"Long-range probe comparison: {found['out_dir']}/ (compare_long_range.md, compare_long_range.csv)")
+        written["long_range"] = found
     if written and not has_results(paths):
         return written
-    # Folders of task or retrieval runs given beside the perplexity runs are theirs, not missing results.
+    # Folders of task, retrieval or long-range runs given beside the perplexity runs are theirs, not missing results.
     ppl_paths = [p for p in paths if has_results([p])] if written else paths
     summary = compare(ppl_paths, s.out, group=s.group, title=s.title, references=s.references)
     print(open(summary["files"]["markdown"]).read())

@@ -13,6 +13,9 @@ import time
 
 import torch
 
+# The keys a row of results.json gets from measured(): what scoring it cost, not what it measured.
+COST_KEYS = ("seconds", "peak_memory_mb", "peak_memory")
+
 
 def _status_kb(key: str) -> int | None:
     try:

@@ -60,6 +60,7 @@ class RunConfig:
     lengths: list[int] = field(default_factory=list)  # evaluation lengths, resolved once
     # eval.controls, checked (runs.eval_run.CONTROLS): evaluated on the final weights after the run's own method.
     controls: list[str] = field(default_factory=list)
+    control_window: int | None = None  # eval.control_window: the window control's width (None: the training length)
     # model.layout under `pos`, one spec per layer (None: no layout), resolved once (ModelConfig.resolve): what
     # builds the model (LitLM, open_model, the memory plan) and checks it takes, instead of resolving it again.
     # UNRESOLVED only in a RunConfig made without resolve_run: then what builds the model resolves it.
@@ -79,7 +80,7 @@ class RunConfig:
         )
 
 
-TOP_LEVEL = {f.name for f in fields(RunConfig)} - {"source", "lengths", "layers", "raw", "controls"}
+TOP_LEVEL = {f.name for f in fields(RunConfig)} - {"source", "lengths", "layers", "raw", "controls", "control_window"}
 
 
 # --- the run --------------------------------------------------------------------
@@ -112,7 +113,7 @@ def resolve_run(cfg: dict) -> RunConfig:
 
     trainer = trainer_config(cfg.get("trainer") or {})
 
-    eval_cfg, controls = eval_settings(cfg.get("eval"))
+    eval_cfg, controls, control_window = eval_settings(cfg.get("eval"))
     optim = typed_dataclass(OptimConfig, cfg.get("optim") or {}, "optim.", "optim")
     model = typed(
         cfg.get("model") or {}, dataclass_annotations(ModelConfig, DERIVED_MODEL_KEYS), "model.", "model", free={"name"}
@@ -142,6 +143,7 @@ def resolve_run(cfg: dict) -> RunConfig:
         train_pos=train_pos,
         raw=cfg,
         controls=controls,
+        control_window=control_window,
         **top,
     )
     run.lengths = eval_cfg.resolve_lengths(data.seq_len)
@@ -152,7 +154,7 @@ def resolve_run(cfg: dict) -> RunConfig:
         check_fit(mcfg, pos, scaling, max(run.lengths + [data.seq_len]), run.layers)
         if scaling["name"] == "none":  # a control applies to a model trained under no method (eval_run.plan_controls)
             for name in controls:
-                control = control_options(name, data.seq_len, data.seq_len)
+                control = control_options(name, data.seq_len, data.seq_len, control_window)
                 check_fit(mcfg, pos, control, max(run.lengths + [data.seq_len]), run.layers)
         check_train_positions(mcfg, pos, train_pos, data.seq_len, run.layers)
     if trainer.sharded:

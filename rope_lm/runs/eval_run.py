@@ -58,22 +58,38 @@ def check_controls(value) -> list[str]:
     return list(value)
 
 
-def eval_settings(options: dict | None) -> tuple[EvalConfig, list[str]]:
-    """The eval.* settings as the evaluation (EvalConfig) and the controls
-    (eval.controls), each checked; the controls are the runs' business, not
-    the protocol's, so they are taken out before EvalConfig sees the rest."""
+def eval_settings(options: dict | None) -> tuple[EvalConfig, list[str], int | None]:
+    """The eval.* settings as the evaluation (EvalConfig), the controls
+    (eval.controls) and the window control's width (eval.control_window), each
+    checked; the controls are the runs' business, not the protocol's, so they
+    are taken out before EvalConfig sees the rest."""
     options = dict(options or {})
     controls = check_controls(options.pop("controls", None))
-    return typed_dataclass(EvalConfig, options, "eval.", "eval"), controls
+    window = options.pop("control_window", None)
+    if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
+        raise ConfigError(
+            f"eval.control_window={window!r} must be a positive whole number of tokens: the window control reads "
+            f"the model cut to that many keys (null: the run's training length, a fine-tune's the length it was "
+            f"tuned at)."
+        )
+    if window is not None and "window" not in controls:
+        raise ConfigError(
+            f"eval.control_window={window} sets the width of the window control, but eval.controls={controls} does "
+            f"not ask for it: add it (eval.controls=[window]) or leave eval.control_window out."
+        )
+    return typed_dataclass(EvalConfig, options, "eval.", "eval"), controls, window
 
 
-def control_options(name: str, train_len: int, model_train_len: int) -> dict:
+def control_options(name: str, train_len: int, model_train_len: int, window: int | None = None) -> dict:
     """The method a control evaluates. The window's "auto" is the model's own
     training length; a fine-tune's results record the length it was tuned at,
-    the L its table reads, so there the window is that length, given as such."""
+    the L its table reads, so there the window is that length, given as such.
+    `window` (eval.control_window) sets the width instead, e.g. a model
+    fine-tuned at 1,024 read against itself cut to its base's 64."""
     if name != "window":
         raise ValueError(f"unknown control {name!r}")
-    return {"name": "window", "window": "auto" if train_len == model_train_len else int(train_len)}
+    width = train_len if window is None else window
+    return {"name": "window", "window": "auto" if width == model_train_len else int(width)}
 
 
 @dataclass
@@ -90,7 +106,9 @@ class Control:
         return {"label": self.label, "applies": True, "options": self.options, "about": CONTROLS[self.name]}
 
 
-def plan_controls(model, controls: list[str], methods: list, train_len: int, longest: int) -> list[Control]:
+def plan_controls(
+    model, controls: list[str], methods: list, train_len: int, longest: int, window: int | None = None
+) -> list[Control]:
     """Each control as it applies to `model`, whose scaling is the method it
     was trained under: a model trained under a method other than none is not
     this model cut to L once the control replaces that method, so there the
@@ -99,7 +117,8 @@ def plan_controls(model, controls: list[str], methods: list, train_len: int, lon
     being it, is refused before any work."""
     trained, out = model.scaling, []
     for name in controls:
-        options = control_options(name, train_len, model.cfg.train_len)
+        options = control_options(name, train_len, model.cfg.train_len, window)
+        width = model.cfg.train_len if options["window"] == "auto" else options["window"]
         label = method_label(options)
         if trained.name != "none":
             reason = (
@@ -110,11 +129,11 @@ def plan_controls(model, controls: list[str], methods: list, train_len: int, lon
             continue
         listed = [m for m in methods if method_label(m) == label]
         if listed:
-            window = listed[0].get("window", "auto")
-            if (model.cfg.train_len if window == "auto" else window) != train_len:
+            given = listed[0].get("window", "auto")
+            if (model.cfg.train_len if given == "auto" else given) != width:
                 raise ConfigError(
-                    f"scaling lists {label} with window={window}, which shares its label with the window-L control "
-                    f"of eval.controls=[{name}] (window = L = {train_len}) without being it: list the window at L "
+                    f"scaling lists {label} with window={given}, which shares its label with the window control "
+                    f"of eval.controls=[{name}] (window = {width}) without being it: list the window at {width} "
                     f"(it then serves as the control), or drop {name} from eval.controls."
                 )
         try:
@@ -136,6 +155,7 @@ def evaluate_and_report(
     wandb_run=None,
     finish: str = "",
     controls: list[str] = (),
+    control_window: int | None = None,
 ) -> dict:
     """ppl@L for each extrapolation method in turn, then for each control
     (`controls`, names of CONTROLS) on the same model and windows; the results
@@ -165,7 +185,7 @@ def evaluate_and_report(
             ", ".join(scored),
         )
     results["eval"] = eval_summary(eval_cfg, len(stream), doc_starts, results["train_len"])
-    planned = plan_controls(model, list(controls), methods, results["train_len"], max(lengths))
+    planned = plan_controls(model, list(controls), methods, results["train_len"], max(lengths), control_window)
     applied = [c for c in planned if c.options is not None]
     everything = list(methods) + [c.options for c in applied if not c.listed]
     if planned:
@@ -354,7 +374,7 @@ def evaluate_checkpoint(
     corpus defaults to the checkpoint's own (data.* for an imported model),
     tokenized with the tokenizer the model carries. Every setting is checked
     before a folder is made."""
-    eval_cfg, controls = eval_settings(eval_options)
+    eval_cfg, controls, control_window = eval_settings(eval_options)
     data_overrides = typed(data_overrides or {}, DATA_ANNOTATIONS, "data.", "data")
     methods = [typed_component(METHODS, m or {"name": "none"}, "scaling") for m in methods]
     if scaled_layers is not None and not hf:
@@ -379,7 +399,7 @@ def evaluate_checkpoint(
         model.set_scaling(options)
         model.validate_length(max(lengths))
     model.set_scaling(as_trained)
-    plan_controls(model, controls, methods, model.cfg.train_len, max(lengths))  # the controls too
+    plan_controls(model, controls, methods, model.cfg.train_len, max(lengths), control_window)  # the controls too
     labels = [method_label(m) for m in methods]
     imported = trained.path[len("hf:") :] if trained.path.startswith("hf:") else None  # hf= or ckpt=hf:...
     config = {
@@ -442,7 +462,17 @@ def evaluate_checkpoint(
         f"(the complete methods are kept)."
     )
     try:
-        return evaluate_and_report(model, cache, eval_cfg, methods, out_dir, results, finish=finish, controls=controls)
+        return evaluate_and_report(
+            model,
+            cache,
+            eval_cfg,
+            methods,
+            out_dir,
+            results,
+            finish=finish,
+            controls=controls,
+            control_window=control_window,
+        )
     except OutputError as e:  # a full disk part-way: results.json keeps what it could record before
         if not os.path.exists(folder.file(RESULTS_JSON)):
             raise e.reworded(setting="out=") from None

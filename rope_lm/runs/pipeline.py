@@ -278,6 +278,7 @@ def train_and_evaluate(run: RunConfig | dict, out_dir: str, logger=None, claimed
             wandb_run(logger),
             finish,
             controls=run.controls,
+            control_window=run.control_window,
         )
 
     state = {}
@@ -349,7 +350,16 @@ def train_and_evaluate(run: RunConfig | dict, out_dir: str, logger=None, claimed
         # Under DDP/FSDP the in-memory model may be sharded; evaluate the consolidated checkpoint alone.
         model = lit.model if trainer.world_size == 1 else open_model(final, layers=run.layers).model
         evaluate_and_report(
-            model, cache, run.eval, [run.scaling], out_dir, results, wandb_run(logger), finish, controls=run.controls
+            model,
+            cache,
+            run.eval,
+            [run.scaling],
+            out_dir,
+            results,
+            wandb_run(logger),
+            finish,
+            controls=run.controls,
+            control_window=run.control_window,
         )
     return results
 
