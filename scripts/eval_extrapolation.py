@@ -169,6 +169,7 @@ def main(argv: list[str]):
         hf=cfg["hf"],
         existing=cfg["existing"],
         scaled_layers=cfg["scaled_layers"],
+        sliding_window=cfg["sliding_window"],
     )
     print("\n" + markdown_table(results))
     print(f"Results: {results['out_dir']}/ (results.json, results.md, ppl_vs_length.png)")

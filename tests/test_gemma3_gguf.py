@@ -344,3 +344,32 @@ def test_the_evaluation_script_takes_the_layers_a_method_acts_on(tiny_gemma, tin
             str(tmp_path / "any"), [yarn], options, data, str(tmp_path / "ckpt"), "cpu", scaled_layers="all"
         )
     assert not (tmp_path / "bad").exists() and not (tmp_path / "ckpt").exists()
+
+
+def test_the_evaluation_script_removes_the_local_layers_windows_when_asked(tiny_gemma, tiny_corpus, tmp_path):
+    """sliding_window=ignore: the layout question's other arm, the local layers at full attention. Equal to the
+    model as released up to the window (8 keys here), different past it; recorded for compare.py's labels."""
+    import json
+
+    from rope_lm.runs.eval_run import evaluate_checkpoint
+
+    data = {"path": tiny_corpus, "source": "files", "valid_fraction": 0.2, "test_fraction": 0.2, "vocab_size": 300}
+    options = {"lengths": [8, 64], "token_budget": 128, "bootstrap": 0}
+    for name, windows in (("own", "auto"), ("full", "ignore")):
+        evaluate_checkpoint(
+            None, [None], options, data, str(tmp_path / name), "cpu", hf=tiny_gemma, sliding_window=windows
+        )
+    own, full = (json.load(open(tmp_path / name / "results.json")) for name in ("own", "full"))
+    assert full["config"]["sliding_window"] == "ignore" and "sliding_window" not in own["config"]
+    by = {name: {r["length"]: r["ppl"] for r in res["results"]} for name, res in (("own", own), ("full", full))}
+    assert by["full"][8] == pytest.approx(by["own"][8], rel=1e-5)  # no key past the window yet
+    assert by["full"][64] != pytest.approx(by["own"][64], rel=1e-3)
+    with pytest.raises(ConfigError, match=r"sliding_window='ignore': .* for a model imported with hf="):
+        evaluate_checkpoint(
+            str(tmp_path / "any"), [None], options, data, str(tmp_path / "c"), "cpu", sliding_window="ignore"
+        )
+    with pytest.raises(ConfigError, match=r"sliding_window='none': auto keeps"):
+        evaluate_checkpoint(
+            None, [None], options, data, str(tmp_path / "d"), "cpu", hf=tiny_gemma, sliding_window="none"
+        )
+    assert not (tmp_path / "c").exists() and not (tmp_path / "d").exists()

@@ -364,6 +364,7 @@ def evaluate_checkpoint(
     hf: str | None = None,
     existing: str = "refuse",
     scaled_layers=None,
+    sliding_window: str = "auto",
 ) -> dict:
     """Re-use a trained checkpoint (or, with hf=, a transformers Llama-family
     model by local folder or hub name): ppl@L under each extrapolation method,
@@ -383,7 +384,15 @@ def evaluate_checkpoint(
             f"rope-lm checkpoint's layers take a method as its model.layout says (a layer's `scaling: false` keeps "
             f"it off), fixed when it was trained. Leave scaled_layers out for ckpt=, or evaluate an hf= model."
         )
-    trained = open_model(f"hf:{hf}" if hf else ckpt_path, device, scaled_layers=scaled_layers)
+    if sliding_window not in ("auto", "ignore") or (sliding_window == "ignore" and not hf):
+        raise ConfigError(
+            f"sliding_window={sliding_window!r}: auto keeps an imported model's sliding-window layers as its config "
+            f"makes them; ignore gives them full attention (the same keys up to the window, every key past it), for "
+            f"a model imported with hf=. A rope-lm checkpoint's windows are its model.layout's; leave it at auto."
+        )
+    trained = open_model(
+        f"hf:{hf}" if hf else ckpt_path, device, scaled_layers=scaled_layers, sliding_window=sliding_window
+    )
     if hf:  # each method on the layers it acts on, refused before any work where it cannot act there
         from rope_lm.hf.load import check_windowed_layers
 
@@ -417,6 +426,8 @@ def evaluate_checkpoint(
     }
     if hf:  # the layers the methods act on as the user named them (None: the model's own), for labels
         config["scaled_layers"] = scaled_layers
+        if sliding_window != "auto":  # recorded only when set, so evaluations made before it stay the same
+            config["sliding_window"] = sliding_window
     if imported:  # a GGUF file names its quantisation (None for a transformers folder)
         from rope_lm.hf.gguf import source_of
 

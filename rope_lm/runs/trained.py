@@ -146,6 +146,7 @@ def open_model(
     setting: str = "ckpt",
     layers=UNRESOLVED,
     scaled_layers=None,
+    sliding_window: str = "auto",
 ) -> Trained:
     """A trained model in eval mode on `device` ("auto": cuda when there is
     one), optionally under another extrapolation method (`scaling`, options
@@ -154,14 +155,18 @@ def open_model(
     a rope-lm checkpoint's layer specs where the caller resolved its run's
     settings already (RunConfig.layers); left out, they are resolved here,
     once, from the checkpoint's settings. `scaled_layers`: for an imported
-    model, the layers a method acts on (rope_lm.hf.load.name_layers)."""
+    model, the layers a method acts on (rope_lm.hf.load.name_layers), and
+    `sliding_window`: "ignore" gives its sliding-window layers full attention."""
     _required(source, setting)
     device = resolve_device(device)
     name = _hf_name(source, setting)
     if name is not None:
         from rope_lm.hf.load import hf_lit
 
-        lit, path = hf_lit(name, scaled_layers=scaled_layers).to(device).eval(), HF + name
+        lit, path = (
+            hf_lit(name, sliding_window=sliding_window, scaled_layers=scaled_layers).to(device).eval(),
+            HF + name,
+        )
     else:
         lit, ckpt = load_checkpoint(source, device, setting, layers)
         path = os.path.abspath(ckpt)
