@@ -331,3 +331,33 @@ def test_streaming_llm_under_a_layout_decodes_from_a_short_prompt(layout):
         full = m(idx)
         cached = read_in_pieces(m, idx, KVCache(planned_len=T), SHORT_PROMPT)
     torch.testing.assert_close(cached, full, atol=2e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("planned", [True, False])
+def test_local_layers_let_go_of_the_keys_past_their_window(planned):
+    """Gemma 3's layout (local layers of a 6-key window, global ones): decoded from a short prompt, the
+    local layers keep only about their window of keys, as transformers' sliding cache does, the global
+    layers every key, and the output still equals one full forward."""
+    with open(f"{ROOT}/conf/layout/gemma3.yaml") as f:
+        spec = yaml.safe_load(f)
+    for entry in spec.get("pattern") or spec.get("layers") or []:
+        if isinstance(entry, dict) and entry.get("window"):
+            entry["window"] = 6
+    cfg = config(n_layer=len(spec.get("pattern") or spec.get("layers")), layout=spec)
+    torch.manual_seed(0)
+    m = TransformerLM(cfg, pos_options("rope"), {"name": "none"}).eval()
+    n = 300
+    idx = torch.randint(0, cfg.vocab_size, (2, n), generator=torch.Generator().manual_seed(1))
+    cache = KVCache(planned_len=n if planned else None)
+    with torch.no_grad():
+        full = m(idx)
+        cached = read_in_pieces(m, idx, cache, (2,) + (1,) * 200 + (98,))
+    torch.testing.assert_close(cached, full, atol=2e-5, rtol=1e-4)
+    local = [i for i, s in enumerate(m.layout) if s.window]
+    assert local and len(local) < cfg.n_layer
+    for i, held in cache.layers.items():
+        rows = {b.shape[2] for b in held.buffers.values()}
+        if i in local:
+            assert held.first >= n - 2 * 6 and max(rows) <= 2 * 98  # the last chunk's 98 queries and their window
+        else:
+            assert held.first == 0 and min(rows) >= n

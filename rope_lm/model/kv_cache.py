@@ -11,6 +11,11 @@ What is kept, per layer, with grouped key/value heads left grouped:
   content-position terms (Transformer-XL, Shaw, DeBERTa) the raw keys;
 * values.
 
+A sliding-window layer (Gemma 3's local layers, scaling=window) lets go of
+the keys before its window once as many again have come (LayerCache.keep_last),
+so it holds about two windows, not the whole sequence; with sink tokens, a far
+pass or log-n it keeps every key, as those read positions from the start.
+
 * for a scheme that computes its own attention from terms it reads off each
   token (FoX's forget gates, PaTH's Householder directions), those terms;
   such a scheme's keys are kept unrotated.
@@ -39,20 +44,25 @@ from rope_lm.core.errors import ConfigError
 
 class LayerCache:
     """One layer's tensors, (B, heads, capacity, D) buffers filled up to the
-    cache's length; written in place, grown by doubling up to the plan."""
+    cache's length; written in place, grown by doubling up to the plan. Row 0
+    holds the token at position `first`: 0, unless a sliding-window layer has
+    let go of the keys no later query can see (keep_last)."""
 
     def __init__(self, owner: "KVCache"):
         self.owner = owner
         self.buffers: dict[str, torch.Tensor] = {}
+        self.first = 0
 
     def extend(self, name: str, new: torch.Tensor) -> torch.Tensor:
         """Append new (B, h, t, D) at the current call's start; return the
-        keys 0..end of this name, a view of the buffer."""
-        start, end = self.owner.start, self.owner.start + new.shape[2]
+        rows of this name from `first` to the end, a view of the buffer."""
+        start = self.owner.start - self.first
+        end = start + new.shape[2]
         buf = self.buffers.get(name)
-        if buf is None and start:
+        if buf is None and self.owner.start:
             raise RuntimeError(
-                f"the cache holds no {name!r} for its first {start} tokens; a cache serves one model under one method."
+                f"the cache holds no {name!r} for its first {self.owner.start} tokens; a cache serves one model "
+                f"under one method."
             )
         if buf is None or buf.shape[2] < end:
             # Grown by doubling, never past the plan: a plan for a long generation that a stop
@@ -66,6 +76,22 @@ class LayerCache:
             buf = self.buffers[name] = grown
         buf[:, :, start:end] = new
         return buf[:, :, :end]
+
+    def keep_last(self, n: int, end: int) -> None:
+        """Let go of every row before position end - n (a sliding-window
+        layer: no later query sees those keys), into buffers of twice what is
+        kept, so their memory goes back; done once n rows or more would go,
+        so the copying costs as little per token as doubling does."""
+        first = max(self.first, end - n)
+        cut = first - self.first
+        if cut < n:
+            return
+        rows = end - first
+        for name, buf in self.buffers.items():
+            kept = buf.new_empty(buf.shape[0], buf.shape[1], max(2 * rows, 64), buf.shape[3])
+            kept[:, :, :rows] = buf[:, :, cut : cut + rows]
+            self.buffers[name] = kept
+        self.first = first
 
     def has(self, name: str) -> bool:
         return name in self.buffers
@@ -156,6 +182,22 @@ def cached_attention(q, k, v, scheme, layer, pos, plan, ctx, store: LayerCache, 
             q2, k2 = scheme.rotate(q, k, plan.alt_q_pos[q0:], plan.alt_k_pos[q0:], layer, ctx)
             k2 = store.extend("far_keys", k2)
     raw = raw if scheme.has_content_terms else None
+    window = _sliding_window(plan, store)
     kr = store.extend("keys", kr)
     v = store.extend("values", v)
-    return offset_attention(q, kr, v, scheme, layer, pos, plan, ctx, qr=qr, k=raw, q2=q2, k2=k2)
+    end = pos.shape[0]
+    y = offset_attention(q, kr, v, scheme, layer, pos[store.first :], plan, ctx, qr=qr, k=raw, q2=q2, k2=k2)
+    if window:
+        store.keep_last(window, end)
+    return y
+
+
+def _sliding_window(plan, store: LayerCache) -> int | None:
+    """A sliding-window layer's window, where its cache may let go of the keys
+    before it (Gemma 3's local layers keep 512, as transformers' cache does);
+    None where every key stays: sink tokens are read from the sequence's start,
+    a far pass or log-n's per-query scale reads positions from 0, and raw keys
+    kept for content terms or a regrouping far pass are read whole."""
+    if plan.window is None or plan.sink_tokens or plan.two_pass or plan.q_scale is not None:
+        return None
+    return None if store.has("raw_keys") else plan.window
