@@ -23,7 +23,7 @@ from rope_lm.core.errors import ConfigError
 from rope_lm.kernels.attention import attend
 from rope_lm.model.kv_cache import KVCache
 from rope_lm.model.transformer import build_model
-from rope_lm.positional import SCHEMES, Dims, PosContext, build_scheme
+from rope_lm.positional import Dims, PosContext, build_scheme
 from rope_lm.scaling import build_scaling
 
 L, T, D = 16, 40, 8  # trained at 16: auto chunk_size 12, local_size 1, chunks of 11; 40 tokens span 4 chunks
@@ -173,10 +173,13 @@ def test_schemes_that_are_not_rotary_are_refused_by_family():
     for name in ("alibi", "learned", "nope"):
         with pytest.raises(ConfigError, match=r"'dca'.*does not apply.*rotary"):
             build_model({"n_layer": 1, "n_head": 2, "d_model": 16}, {"name": name}, {"name": "dca"}, 61, L)
-    if "pope" in SCHEMES.names():  # a rotary scheme that computes its own attention
-        scheme = build_scheme({"name": "pope"}, Dims(16, 2, 8, 1, L))
-        with pytest.raises(ConfigError, match="computes its own attention"):
-            build_scaling({"name": "dca"}).check(scheme)
+    # A rotary scheme that computes its own attention takes DCA only where it serves the per-query boundary:
+    # PoPE does (tests/test_rotary_variants.py), a stand-in that does not is refused.
+    scheme = build_scheme({"name": "pope"}, Dims(16, 2, 8, 1, L))
+    build_scaling({"name": "dca"}).check(scheme)
+    scheme.serves_chunked_passes = False
+    with pytest.raises(ConfigError, match="computes its own attention"):
+        build_scaling({"name": "dca"}).check(scheme)
 
 
 @pytest.mark.parametrize(

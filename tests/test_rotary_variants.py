@@ -178,6 +178,7 @@ SCALING = {
     "none": None,
     "yarn": {"name": "yarn", "factor": "auto", "logn": True},
     "rerope": {"name": "rerope", "window": 6},
+    "dca": {"name": "dca"},
 }
 
 
@@ -216,8 +217,9 @@ def pope_reference(
     cos((p_j - p_i) theta_c + delta_hc) / sqrt(D), theta_c = base^(-c/D)
     (or the given frequencies), times factor^2 and the query's log-n gain;
     causal (and windowed) softmax, optional sink logits in the denominator.
-    alt = (q_alt, k_alt, alt_from): pairs at index distance >= alt_from take
-    the phases of those positions (ReRoPE / Self-Extend)."""
+    alt = (q_alt, k_alt, alt_from[, alt_below]): pairs at index distance >=
+    alt_from take the phases of those positions (ReRoPE / Self-Extend), and
+    with alt_below only keys j < alt_below[i] (Dual Chunk Attention)."""
     q, k, v = q.double(), k.double(), v.double()
     B, H, t, D = q.shape
     n = k.shape[2]
@@ -233,8 +235,11 @@ def pope_reference(
             keys = keys[i - keys < window]
         gap = k_pos[keys] - q_pos[r]
         if alt is not None:
-            q_alt, k_alt, alt_from = alt
-            gap = torch.where(i - keys >= alt_from, k_alt.double()[keys] - float(q_alt[i]), gap)
+            q_alt, k_alt, alt_from, *below = alt
+            far = i - keys >= alt_from
+            if below:
+                far = far & (keys < int(below[0][i]))
+            gap = torch.where(far, k_alt.double()[keys] - float(q_alt[i]), gap)
         logits = torch.zeros(B, H, len(keys), dtype=torch.float64)
         for c in range(D):
             phase = gap[None, :] * theta[c] + delta[:, c, None]  # (H, keys)
@@ -304,6 +309,27 @@ def test_pope_two_pass_plan_takes_the_second_phases_far_away():
     q_alt, k_alt = torch.full((T,), 5), torch.zeros(T, dtype=torch.long)
     plan = AttnPlan(alt_q_pos=q_alt, alt_k_pos=k_alt, alt_from=5)
     check_against_reference(pope(), plan, torch.arange(T), alt=(q_alt, k_alt, 5))
+
+
+def test_pope_under_dual_chunk_attention_takes_the_chunk_maps():
+    """DCA's plan bounds the second pass per query (alt_below: its chunk's start, or the one before); PoPE
+    applies it on both paths. tests/test_dca.py holds that plan equal to the paper's position maps."""
+    dca = build_scaling({"name": "dca"})
+    dca.check(pope())
+    plan = dca.plan(torch.arange(T), context())
+    assert plan.alt_below is not None and (plan.alt_below < torch.arange(T) - plan.alt_from + 1).any()
+    alt = (plan.alt_q_pos, plan.alt_k_pos, plan.alt_from, plan.alt_below)
+    check_against_reference(pope(), plan, torch.arange(T), alt=alt)
+    # Without the boundary (distance alone) the far pass would reach into the query's own chunk.
+    loose = (plan.alt_q_pos, plan.alt_k_pos, plan.alt_from)
+    q, k, v = pope_inputs()
+    scheme = pope()
+    with torch.no_grad():
+        got = run_pope(scheme, q, k, v, torch.arange(T), plan, "auto").double()
+        bounded = pope_reference(q, k, v, scheme.phase_bias[LAYER], torch.arange(T), torch.arange(T), alt=alt)
+        unbounded = pope_reference(q, k, v, scheme.phase_bias[LAYER], torch.arange(T), torch.arange(T), alt=loose)
+    torch.testing.assert_close(got, bounded, atol=2e-5, rtol=1e-4)
+    assert (got - unbounded).abs().max() > 1e-3
 
 
 def test_pope_without_phase_bias():

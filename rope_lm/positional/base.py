@@ -86,6 +86,9 @@ class PositionalScheme(nn.Module):
     reads_input: bool = False
     # Whether attention() serves gpt-oss's learned sink logits (a softmax's extra denominator term).
     serves_sink_logits: bool = False
+    # Whether attention() serves a second pass bounded per query (AttnPlan.alt_below: Dual Chunk Attention's
+    # chunks), not only by distance (ReRoPE, Self-Extend).
+    serves_chunked_passes: bool = False
 
     def __init__(self, dims: Dims):
         super().__init__()

@@ -57,6 +57,7 @@ class PoPE(PositionalScheme):
     family = "rotary"
     owns_attention = True
     serves_sink_logits = True
+    serves_chunked_passes = True
     no_weight_decay = ("phase_bias",)
 
     def __init__(self, dims, base: float = 10000.0, phase_bias: bool = True):
@@ -109,7 +110,7 @@ class PoPE(PositionalScheme):
             rows = slice(s - q0, e - q0)
             logits = polar_logits(mq[:, :, rows], mk[:, :, :e], pos[s:e], pos[:e], theta, delta)
             if plan.alt_from is not None:
-                far = _index_distance(s, e, q.device) >= plan.alt_from
+                far = _far_pairs(s, e, plan, q.device)
                 alt = polar_logits(mq[:, :, rows], mk[:, :, :e], plan.alt_q_pos[s:e], plan.alt_k_pos[:e], theta, delta)
                 logits = torch.where(far, alt, logits)
             logits = logits * (factor**2 / math.sqrt(D))
@@ -164,7 +165,7 @@ class PoPE(PositionalScheme):
                 continue
             logits = (qp[:, :, rows] @ kp[:, :, :e].transpose(-1, -2)) * scale
             if two_pass:
-                far = _index_distance(s, e, q.device) >= plan.alt_from
+                far = _far_pairs(s, e, plan, q.device)
                 logits = torch.where(far, (q2[:, :, rows] @ k2[:, :, :e].transpose(-1, -2)) * scale, logits)
             probs = masked_softmax(logits.float(), allowed, plan.sink_logits)
             out.append(probs.to(v.dtype) @ v[:, :, :e])
@@ -180,6 +181,13 @@ def polar_logits(mq, mk, q_pos, k_pos, theta, delta):
     return (mq[:, :, :, None, :] * mk[:, :, None, :, :] * phase.cos().to(mq.dtype)).sum(-1)
 
 
-def _index_distance(s, e, device):
-    """i - j for query indices s..e-1 and key indices 0..e-1, (e - s, e)."""
-    return torch.arange(s, e, device=device)[:, None] - torch.arange(e, device=device)[None, :]
+def _far_pairs(s, e, plan, device):
+    """(e - s, e) pairs of query indices s..e-1 and key indices 0..e-1 that
+    take the second phases: i - j >= alt_from (ReRoPE, Self-Extend), and with
+    Dual Chunk Attention's per-query boundary also j < alt_below[i]."""
+    i = torch.arange(s, e, device=device)[:, None]
+    j = torch.arange(e, device=device)[None, :]
+    far = i - j >= plan.alt_from
+    if plan.alt_below is not None:
+        far = far & (j < plan.alt_below[s:e].to(device)[:, None])
+    return far

@@ -66,17 +66,17 @@ class DualChunkAttention(ScalingMethod):
 
     @classmethod
     def applies(cls, scheme) -> bool:
-        # The per-query boundary is applied by rope-lm's kernels; a scheme that computes its own
-        # attention honours distance-based second passes only.
-        return super().applies(scheme) and not scheme.owns_attention
+        # The per-query boundary is applied by rope-lm's kernels, and by a scheme that computes its own
+        # attention only where it says it serves it (PoPE).
+        return super().applies(scheme) and (not scheme.owns_attention or scheme.serves_chunked_passes)
 
     def check(self, scheme) -> None:
-        if scheme.family == "rotary" and scheme.owns_attention:
+        if scheme.family == "rotary" and scheme.owns_attention and not scheme.serves_chunked_passes:
             raise ConfigError(
                 f"Extrapolation method 'dca' (setting `scaling`) does not apply to positional scheme "
                 f"{scheme.name!r}: it computes its own attention, which applies second rotary passes by "
                 f"distance (ReRoPE, Self-Extend), while DCA's regions follow chunks (a per-query boundary, "
-                f"AttnPlan.alt_below). Use scaling=self_extend or rerope with it, or DCA with pos=rope."
+                f"AttnPlan.alt_below). Use scaling=self_extend or rerope with it, or DCA with pos=rope or pope."
             )
         super().check(scheme)
 
