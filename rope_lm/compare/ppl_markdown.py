@@ -276,10 +276,11 @@ def _own_control_section(g: Group, lengths: list[int]) -> list[str]:
         pair = s.control(L)
         if pair is None:
             return ""
-        shown = fmt(pair["ratio"])
+        # Three decimals: paired intervals are narrow, and 0.996 [0.995, 0.997] must not read as 1.00 [1.00, 1.00].
+        shown = f"{pair['ratio']:.3f}"
         if pair.get("lo") is None or pair.get("hi") is None:
             return shown
-        shown = f"{shown} [{fmt(pair['lo'])}, {fmt(pair['hi'])}]" + ("" if pair.get("paired", True) else " unpaired")
+        shown = f"{shown} [{pair['lo']:.3f}, {pair['hi']:.3f}]" + ("" if pair.get("paired", True) else " unpaired")
         return against_control((pair["lo"], pair["hi"]), (1.0, 1.0), shown, higher_is_better=False)
 
     rows = [[s.label] + [cell(s, L) for L in past] for s in g.series if any(s.control(L) for L in past)]
