@@ -9,6 +9,9 @@ import time
 
 import torch
 
+# The process's memory as /proc/self/status gives it, shared with the evaluation's per-length peaks.
+from rope_lm.eval.cost import status_kb as _status_kb
+
 
 def cpu_model() -> str:
     try:
@@ -57,27 +60,6 @@ def machine_info(device: str, threads: int) -> dict:
     if device == "cuda":
         info["gpu"] = torch.cuda.get_device_name(0)
     return info
-
-
-def _status_kb(key: str) -> int | None:
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith(key + ":"):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return None
-
-
-def _reset_peak_rss() -> bool:
-    """Reset the kernel's peak-RSS mark to the current RSS (Linux >= 4.0)."""
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        return True
-    except OSError:
-        return False
 
 
 def _peak_rss_kb() -> int:

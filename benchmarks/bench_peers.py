@@ -12,9 +12,11 @@ import tempfile
 import time
 import warnings
 
-from bench_machine import _cpu_seconds, _peak_rss_kb, _reset_peak_rss, _status_kb, _sync
+from bench_machine import _cpu_seconds, _peak_rss_kb, _status_kb, _sync
 import torch
 import torch.nn.functional as F
+
+from rope_lm.eval.cost import reset_cpu_peak as _reset_peak_rss
 
 
 def _seeded(seed: int):

@@ -22,12 +22,13 @@ import os
 import sys
 import time
 
-from bench_machine import _peak_rss_kb, _reset_peak_rss, _status_kb
+from bench_machine import _peak_rss_kb, _status_kb
 import hydra
 from omegaconf import OmegaConf
 from paired import alternate, check, compare, report, rule_text
 
 from rope_lm.cli import hydra_task
+from rope_lm.eval.cost import reset_cpu_peak as _reset_peak_rss
 
 CONF = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "conf")
 

@@ -17,7 +17,8 @@ import torch
 COST_KEYS = ("seconds", "peak_memory_mb", "peak_memory")
 
 
-def _status_kb(key: str) -> int | None:
+def status_kb(key: str) -> int | None:
+    """A field of /proc/self/status in kB (VmRSS, VmHWM, ...); None where there is none."""
     try:
         with open("/proc/self/status") as f:
             for line in f:
@@ -28,13 +29,14 @@ def _status_kb(key: str) -> int | None:
     return None
 
 
-def _reset_cpu_peak() -> bool:
+def reset_cpu_peak() -> bool:
+    """Move the kernel's peak-RSS mark back to the current RSS; False where it cannot be."""
     try:
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")
     except OSError:
         return False
-    return _status_kb("VmHWM") is not None
+    return status_kb("VmHWM") is not None
 
 
 def _cuda_device(device) -> torch.device | None:
@@ -54,7 +56,7 @@ def measured(device=None):
         torch.cuda.reset_peak_memory_stats(cuda)
         kind = "cuda max_memory_allocated"
     else:
-        kind = "peak resident memory of the process (VmHWM)" if _reset_cpu_peak() else None
+        kind = "peak resident memory of the process (VmHWM)" if reset_cpu_peak() else None
     start = time.perf_counter()
     try:
         yield cost
@@ -63,7 +65,7 @@ def measured(device=None):
             torch.cuda.synchronize(cuda)
             peak = torch.cuda.max_memory_allocated(cuda) / 2**20
         else:
-            kb = _status_kb("VmHWM") if kind else None
+            kb = status_kb("VmHWM") if kind else None
             peak = kb / 1024 if kb is not None else None
         cost.update(
             seconds=time.perf_counter() - start,
