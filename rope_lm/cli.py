@@ -43,12 +43,20 @@ def register_resolvers() -> None:
     ${train_tag:${train_pos}}: "" for plain training positions, else "-" and
     the method's label, so a run folder names how its ids were drawn;
     ${div:${data.seq_len},4}: whole-number division, so a setting that is a
-    length (a layer's window) can be written relative to the training length."""
+    length (a layer's window) can be written relative to the training length;
+    ${seed_tag:${seed},<default>}: "" at the config's default seed, else
+    "_seed<N>", so a study's other seeds swept into the same folder get
+    folders of their own while the folders of runs made before keep their names."""
     OmegaConf.register_new_resolver("run_id", _run_id, replace=True)
     # ${layout_tag:${oc.select:model.layout,null}}: "+<layout name>" in run folder names, "" without a layout.
     OmegaConf.register_new_resolver("layout_tag", _layout_tag, replace=True)
     OmegaConf.register_new_resolver("train_tag", _train_tag, replace=True)
     OmegaConf.register_new_resolver("div", _div, replace=True)
+    OmegaConf.register_new_resolver("seed_tag", _seed_tag, replace=True)
+
+
+def _seed_tag(seed, default) -> str:
+    return "" if seed == default else f"_seed{seed}"
 
 
 def _div(a, b) -> int:

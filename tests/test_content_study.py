@@ -24,7 +24,7 @@ def compose_with_hydra(config_name, overrides):
     with initialize_config_dir(config_dir=os.path.join(ROOT, "conf"), version_base="1.3"):
         cfg = hydra_compose(config_name=config_name, overrides=overrides, return_hydra_config=True)
         subdir = cfg.hydra.sweep.subdir
-        params = OmegaConf.to_container(cfg.hydra.sweeper.params)
+        params = OmegaConf.to_container(cfg.hydra.sweeper.params) if cfg.hydra.sweeper.params else {}
         OmegaConf.set_struct(cfg, False)
         del cfg["hydra"]
         return OmegaConf.to_container(cfg, resolve=True), subdir, params
@@ -68,6 +68,37 @@ def test_train_long_bound_shares_the_study_split():
     assert long["eval"]["protocol"] == cfg["eval"]["protocol"]
     assert long["eval"]["document_tokens"] == cfg["eval"]["document_tokens"]
     assert resolve_run(long).data.seq_len == 16 * cfg["data"]["seq_len"]
+
+
+def test_train_long_bound_continues_each_headline_seed_at_1024_with_as_many_windows_a_step():
+    from rope_lm.runs.config import resolve_run
+
+    headline, _ = compose(["+experiment=pe_headline"])
+    arm, subdir, sweep = compose_with_hydra("config", ["+experiment=train_long_bound", "seed=1"])
+    assert sweep["seed"] == "0,1,2" and subdir == "rope_L1024_from_L64_seed1"
+    assert arm["init_from"] == "outputs/results/pe_headline_pg19_6000/rope_seed1_none_L64"  # the same seed's base
+    run = resolve_run(arm)
+    assert run.data.seq_len == 16 * headline["data"]["seq_len"]
+    assert run.data.batch_size == headline["data"]["batch_size"] == 16  # as many windows a step
+    for key in ("path", "test_fraction", "valid_fraction", "name"):
+        assert arm["data"][key] == headline["data"][key], key
+    assert run.lengths == [64, 80, 96, 128, 256, 512, 1024]  # the headline's lengths
+    assert run.controls == ["window"] and run.control_window == 64  # itself cut to the headline's L
+    assert arm["eval"]["protocol"] == "documents" and arm["eval"]["token_budget"] == headline["eval"]["token_budget"]
+
+
+def test_a_study_s_other_seeds_get_folders_of_their_own():
+    """The default sweep folder names carry the seed past the config's default (train.py 1337, task.py 0), so
+    seed=1 of a study run in its own sitting into the same folder does not meet seed 0's runs; the folders of
+    runs made at the default keep their names."""
+    import rope_lm.cli  # noqa: F401  (registers ${seed_tag:}, as every entry point does)
+
+    for config, default in (("config", 1337), ("task_run", 0)):
+        _, plain, _ = compose_with_hydra(config, [f"seed={default}", "hydra.job.num=3"])
+        _, other, _ = compose_with_hydra(config, ["seed=2", "hydra.job.num=3"])
+        assert other == plain + "_seed2" and "seed" not in plain
+    _, task, _ = compose_with_hydra("task_run", ["+experiment=length_generalization", "seed=1", "hydra.job.num=0"])
+    assert task.endswith("_seed1")
 
 
 def test_content_tasks_sweeps_cope_rope_fox_nope_on_copes_tasks_and_copy():
