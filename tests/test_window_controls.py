@@ -53,9 +53,8 @@ def tiny(pos: str, scaling=None):
 
 
 def cfg(**extra) -> EvalConfig:
-    return EvalConfig(
-        multipliers=[1, 2, 4], token_budget=256, batch_tokens=256, position_buckets=4, bootstrap=RESAMPLES, **extra
-    )
+    options = dict(multipliers=[1, 2, 4], token_budget=256, batch_tokens=256, position_buckets=4, bootstrap=RESAMPLES)
+    return EvalConfig(**{**options, **extra})
 
 
 def evaluate(model, stream, out, controls=("window",), results=None, methods=None, eval_cfg=None, window=None):
@@ -189,6 +188,35 @@ def test_a_stop_during_the_control_keeps_the_methods_rows_and_the_same_command_f
     assert [json.dumps(measured(r), sort_keys=True) for r in again["results"]] == [
         json.dumps(measured(r), sort_keys=True) for r in whole["results"]
     ]
+
+
+@pytest.mark.parametrize("resamples", [RESAMPLES, 0])
+def test_a_method_stopped_part_way_keeps_the_lengths_it_finished(stream, tmp_path, monkeypatch, resamples):
+    """A stop after some lengths of a method (a long evaluation over sittings, e.g. Gemma 3 at 64k): the same
+    command scores only the lengths it lacks, and the training length again only when a new length's paired
+    interval needs its windows; the rows equal an evaluation that never stopped."""
+    from rope_lm.eval import evaluation
+
+    model = tiny("rope")
+    eval_cfg = cfg(bootstrap=resamples)
+    whole = evaluate(model, stream, tmp_path / "whole", controls=(), eval_cfg=eval_cfg)
+    earlier = copy.deepcopy(whole)
+    earlier["status"] = "evaluating"
+    earlier["results"] = [r for r in earlier["results"] if r["length"] < 4 * L]  # L and 2L done, 4L not
+    scored = []
+    real = evaluation._score_length
+
+    def counted(model, stream, L, *args, **kwargs):
+        scored.append(L)
+        return real(model, stream, L, *args, **kwargs)
+
+    monkeypatch.setattr(evaluation, "_score_length", counted)
+    again = evaluate(model, stream, tmp_path / "again", controls=(), results=earlier, eval_cfg=eval_cfg)
+    assert scored == ([L, 4 * L] if resamples else [4 * L])  # L's windows again only for the new length's interval
+    assert again["status"] == "complete" and [r["length"] for r in again["results"]] == [L, 2 * L, 4 * L]
+    assert [measured(r) for r in again["results"]] == [measured(r) for r in whole["results"]]
+    if resamples:
+        assert again["results"][2]["ppl_rel_lo"] < again["results"][2]["ppl_rel"] < again["results"][2]["ppl_rel_hi"]
 
 
 def test_a_model_trained_under_a_method_records_why_the_control_does_not_apply(stream, tmp_path):

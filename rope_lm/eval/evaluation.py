@@ -509,13 +509,17 @@ def evaluate_lengths(
     on_result=None,
     doc_starts: np.ndarray | None = None,
     units_out: dict | None = None,
+    kept: dict | None = None,
 ) -> list[dict]:
     """ppl@L for every configured length under cfg.protocol; calls
     on_result(row) for each length in ascending order, as soon as it and every
     shorter length are done. The training length is evaluated first, so that
     every row carries its PPL relative to it when reported. `units_out`, a
     dict, receives each length's bootstrap units (for paired comparisons of
-    two evaluations on the same windows)."""
+    two evaluations on the same windows). `kept` (length -> row) holds rows an
+    earlier sitting measured: those lengths are not scored again and their rows
+    come back as they were, except the training length's when a new length
+    needs its windows for a paired interval of its relative PPL."""
     summary = eval_summary(cfg, len(stream), doc_starts, train_len)
     lengths = [L for L in summary["lengths"] if L not in summary.get("skipped_lengths", [])]
     plan = None
@@ -532,8 +536,11 @@ def evaluate_lengths(
         for L in plan.skipped:
             log.warning("ppl@%d skipped: no document of the %s split has %d tokens", L, cfg.split, L + 1)
     n = summary["scored_tokens"] if cfg.protocol != "documents" else None
+    kept = {L: row for L, row in (kept or {}).items() if L in lengths}
+    if train_len in kept and cfg.bootstrap and any(L not in kept for L in lengths):
+        del kept[train_len]  # scored again: the new lengths' relative PPL pairs with its windows
     order = sorted(lengths, key=lambda L: (L != train_len, L))
-    bar = _progress(cfg, lengths, n, plan)
+    bar = _progress(cfg, [L for L in lengths if L not in kept], n, plan)
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
@@ -542,6 +549,17 @@ def evaluate_lengths(
     next_up = next(emit, None)
     try:
         for L in order:
+            if L in kept:
+                row = done[L] = kept[L]
+                rows.append(row)
+                if L == train_len:
+                    reference = (row, None)
+            while next_up in done:
+                if on_result:
+                    on_result(done[next_up])
+                next_up = next(emit, None)
+            if L in kept:
+                continue
             bar.set_postfix_str(f"L={L}")
             with cost.measured(device) as spent:
                 row, units = _score_length(model, stream, L, n, cfg, plan, train_len, bar.update)
@@ -557,7 +575,8 @@ def evaluate_lengths(
                 ref_row, ref_units = reference
                 row["ppl_rel"] = row["ppl"] / ref_row["ppl"]
                 if L != train_len:
-                    row.update(bootstrap.ratio_interval(units, ref_units, cfg.bootstrap, cfg.seed, L))
+                    if ref_units is not None:  # None: kept from an earlier sitting, with no intervals asked for
+                        row.update(bootstrap.ratio_interval(units, ref_units, cfg.bootstrap, cfg.seed, L))
                 elif cfg.bootstrap:
                     row.update(ppl_rel_lo=1.0, ppl_rel_hi=1.0, ppl_rel_paired=True)
             rows.append(row)

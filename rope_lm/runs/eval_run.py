@@ -192,6 +192,11 @@ def evaluate_and_report(
         results["controls"] = {c.name: c.record() for c in planned}
     expected = len(results["eval"]["lengths"]) - len(results["eval"].get("skipped_lengths") or [])
     kept = {label for label in results["methods"] if sum(r["method"] == label for r in results["results"]) >= expected}
+    # A method stopped part-way keeps the lengths it finished: they come back through evaluate_lengths (`kept`).
+    partial = {}
+    for r in results["results"]:
+        if r["method"] not in kept and r["method"] in results["methods"]:
+            partial.setdefault(r["method"], {})[r["length"]] = r
     results["methods"] = {k: v for k, v in results["methods"].items() if k in kept}
     results["results"] = [r for r in results["results"] if r["method"] in kept]
     pairing = _Pairing(results, applied, eval_cfg)
@@ -226,8 +231,19 @@ def evaluate_and_report(
                     log.info("ppl@%d [%s] = %.3f%s", row["length"], label, row["ppl"], extra)
 
                 started = time.perf_counter()
+                if label in partial:
+                    log.info(
+                        "[%s] lengths %s kept from the earlier evaluation in %s", label, sorted(partial[label]), out_dir
+                    )
                 evaluate_lengths(
-                    model, stream, eval_cfg, results["train_len"], on_result, doc_starts=doc_starts, units_out=units
+                    model,
+                    stream,
+                    eval_cfg,
+                    results["train_len"],
+                    on_result,
+                    doc_starts=doc_starts,
+                    units_out=units,
+                    kept=partial.get(label),
                 )
                 # Wall time of the method's whole evaluation (all lengths), on this machine as it was loaded.
                 results["methods"][label]["seconds"] = round(time.perf_counter() - started, 2)
