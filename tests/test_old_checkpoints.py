@@ -53,3 +53,22 @@ def test_a_checkpoint_pickles_no_rope_lm_class():
     with zipfile.ZipFile(os.path.join(FIXTURE, "checkpoints", "last.ckpt")) as z:
         pickled = z.read(next(n for n in z.namelist() if n.endswith("data.pkl")))
     assert b"rope_lm." not in pickled.replace(b"rope_lm_", b"")
+
+
+def test_each_weight_is_saved_once_and_an_old_doubled_checkpoint_still_loads():
+    """A checkpoint held every weight twice (`model.*` and `_forward.*`, the forward registered as a second
+    child); now once. An old one still resumes: LitLM.on_load_checkpoint (which Lightning calls before it
+    loads the weights, strictly) drops the second copy."""
+    from rope_lm.train.lit import LitLM
+
+    saved = torch.load(os.path.join(FIXTURE, "checkpoints", "last.ckpt"), map_location="cpu", weights_only=False)
+    doubled = [k for k in saved["state_dict"] if k.startswith("_forward.")]
+    assert doubled and len(doubled) == sum(k.startswith("model.") for k in saved["state_dict"])
+    for compile in (False, True):
+        lit = LitLM(**{**saved["hyper_parameters"], "compile": compile})
+        assert all(k.startswith("model.") for k in lit.state_dict())
+        assert sum(p.numel() for p in lit.parameters()) == sum(p.numel() for p in lit.model.parameters())
+    lit.on_load_checkpoint(saved)
+    assert not any(k.startswith("_forward.") for k in saved["state_dict"])
+    lit.load_state_dict(saved["state_dict"])  # strict, as Lightning loads it on a resume
+    torch.testing.assert_close(lit.model.wte.weight, saved["state_dict"]["model.wte.weight"])

@@ -190,12 +190,13 @@ def _read_checkpoint(path: str) -> dict:
 def load_checkpoint(path: str, device: str = "cpu", setting: str = "ckpt", layers=UNRESOLVED):
     """(LitLM in eval mode, checkpoint file) from a .ckpt file or a run directory;
     `layers`: its model's layer specs where the caller has them resolved."""
-    from rope_lm.train.lit import LitLM
+    from rope_lm.train.lit import LitLM, drop_second_copy
 
     ckpt = resolve_checkpoint(path, setting)
     saved = read_checkpoint(ckpt)
     try:
         lit = LitLM(**saved["hyper_parameters"], layers=layers)
+        drop_second_copy(saved)
         lit.load_state_dict(saved["state_dict"])
         lit.trained_step = saved.get("global_step")  # what results read from it record (Trained.step)
     except (TypeError, KeyError, RuntimeError) as e:

@@ -73,6 +73,15 @@ def warmup_cosine(step: int, warmup: int, total: int, min_ratio: float) -> float
     return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
+def drop_second_copy(checkpoint: dict) -> None:
+    """Checkpoints written before 2026-11-28 hold every weight twice, as `model.*` and `_forward.*` (the
+    same tensors under the name the forward was registered by); the second copy goes before loading."""
+    state = checkpoint.get("state_dict")
+    if isinstance(state, dict):
+        for key in [k for k in state if k.startswith("_forward.")]:
+            del state[key]
+
+
 class LitLM(L.LightningModule):
     def __init__(
         self,
@@ -112,11 +121,14 @@ class LitLM(L.LightningModule):
         self.tokenizer_json: str | None = None  # carried in checkpoints so evaluation re-uses the exact tokenizer
         self._pending_row = self._restored_row = None  # (step, loss) of the latest step; see on_save_checkpoint
         self._keep_listed_decay = True  # False on resuming a run saved before `no_weight_decay` (on_load_checkpoint)
-        self._forward = self.model
+        # Not registered as a child (object.__setattr__): it is the model, or a compiled wrapper of it, whose
+        # weights are registered once as `model.*`; registered, checkpoints held every weight twice.
+        forward = self.model
         if compile:
             from rope_lm.train.compile import maybe_compile
 
-            self._forward = maybe_compile(self.model)
+            forward = maybe_compile(self.model)
+        object.__setattr__(self, "_forward", forward)
         # Not registered as a child: its weights are the model's, already registered (and so checkpointed) once.
         object.__setattr__(self, "_training_loss", TrainingLoss(self.model, self.compiled_forward))
 
@@ -133,6 +145,7 @@ class LitLM(L.LightningModule):
         checkpoint["rope_lm_train_pos_draws"] = self._draws
 
     def on_load_checkpoint(self, checkpoint):
+        drop_second_copy(checkpoint)
         self.tokenizer_json = checkpoint.get("tokenizer_json")
         self._restored_row = checkpoint.get("rope_lm_last_row")
         self._draws = checkpoint.get("rope_lm_train_pos_draws", 0)
