@@ -86,6 +86,30 @@ def test_a_window_block_reads_each_run_against_the_control(tmp_path):
     )
 
 
+def test_a_control_block_reads_each_run_against_its_own_window_control(tmp_path):
+    """compare.csv's control_ratio per run and length: yes where the paired interval lies below 1, no above,
+    tied holding 1, in three decimals; the control's own rows and runs without one are left out."""
+    path = tmp_path / "compare.csv"
+    head = HEADER.rstrip("\n") + ",control_ratio,control_ratio_lo,control_ratio_hi\n"
+    rows = [
+        ("", "fox", "fox", "none", 0, 64, 64, 1.0, 20.0, 19.0, 21.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0),
+        ("", "fox", "fox", "none", 0, 64, 128, 2.0, 19.0, 18.0, 20.0, 0.95, 0.93, 0.97, 0.9962, 0.9951, 0.9973),
+        ("", "rope", "rope", "none", 0, 64, 128, 2.0, 25.0, 24.0, 26.0, 1.2, 1.1, 1.3, 1.19, 1.18, 1.2),
+        ("", "alibi", "alibi", "none", 0, 64, 128, 2.0, 20.0, 19.0, 21.0, 1.0, 0.9, 1.1, 1.0001, 0.9996, 1.0005),
+        ("", "fox + window", "fox", "window", 0, 64, 128, 2.0, 19.1, 18.0, 20.0, 0.95, 0.93, 0.97, "", "", ""),
+        ("", "t5", "t5", "none", 0, 64, 128, 2.0, 20.0, 19.0, 21.0, 1.0, 0.9, 1.1, "", "", ""),
+    ]
+    path.write_text(head + "".join(",".join(map(str, r)) + "\n" for r in rows))
+    assert render(f"{path} control") == (
+        "| run | 128 (2×) |\n|---|---|\n"
+        "| fox | **yes** (0.996 [0.995, 0.997]) |\n"
+        "| rope | no (1.190 [1.180, 1.200]) |\n"
+        "| alibi | tied (1.000 [1.000, 1.000]) |"
+    )
+    with pytest.raises(ConfigError, match="no run of .* has one"):
+        render(f"{small(tmp_path)} control")
+
+
 def test_an_accuracy_block_is_the_hand_written_table(tmp_path):
     path = tmp_path / "compare_retrieval.csv"
     path.write_text(
@@ -214,7 +238,7 @@ def test_a_changed_csv_makes_its_block_stale_and_regenerating_mends_it(tmp_path)
     [
         (
             "docs/results/pe_pg19_6000/compare.csv",
-            "kind one of ppl, rel, summary, window, seeds, accuracy, effective, md, search, lm_eval",
+            "kind one of ppl, rel, summary, window, control, seeds, accuracy, effective, md, search, lm_eval",
         ),
         ("docs/results/pe_pg19_6000/compare.csv seeds", "no compare_seeds.csv with relative PPL"),
         ("docs/results/nowhere/compare.csv ppl", "does not exist"),

@@ -68,6 +68,7 @@ KINDS = (
     "rel",
     "summary",
     "window",
+    "control",
     "seeds",
     "accuracy",
     "effective",
@@ -151,6 +152,8 @@ def render(spec: str, root: str = ".") -> str:
         return _summary(by, labels, lengths, L0, seeds=kind == "seeds")
     if kind == "window":
         return _window(by, labels, lengths, L0, parts[0])
+    if kind == "control":
+        return _own_control(by, labels, lengths, L0, parts[0])
     key = ("ppl", "ppl_lo", "ppl_hi") if kind == "ppl" else ("ppl_rel", "ppl_rel_lo", "ppl_rel_hi")
 
     def cell(label, L):
@@ -222,6 +225,38 @@ def _window(by: dict, labels: list[str], lengths: list[int], L0: int, name: str)
     return markdown_table(
         ["run"] + [f"{L} ({L / L0:g}×)" for L in past],
         [[label] + [row[L] for L in past] for label, row in cells.items()],
+    )
+
+
+def _own_control(by: dict, labels: list[str], lengths: list[int], L0: int, name: str) -> str:
+    """Each run against its own window-L control (compare.csv's control_ratio, the paired bootstrap interval
+    over the windows both scored): **yes** where the interval lies below 1 (the run reads the text past L
+    better than itself cut to L), no above, tied where it holds 1. Three decimals: the paired intervals are
+    narrow. The controls' own rows and runs without a control are left out."""
+    past = [L for L in lengths if L > L0]
+    runs = [
+        label
+        for label in labels
+        if any(csv_number((by.get((label, L)) or {}).get("control_ratio")) is not None for L in past)
+    ]
+    if not runs:
+        raise ConfigError(
+            f"A `control` block reads each run against its own window-L control, and no run of {name} has one "
+            f"(compare.csv's control_ratio): evaluate the runs with eval.controls=[window] and compare again."
+        )
+
+    def cell(label, L):
+        r = by.get((label, L)) or {}
+        ratio, lo, hi = (csv_number(r.get(k)) for k in ("control_ratio", "control_ratio_lo", "control_ratio_hi"))
+        if ratio is None:
+            return fmt(None)
+        if lo is None or hi is None:
+            return f"{ratio:.3f}"
+        verdict = "**yes**" if hi < 1 else "no" if lo > 1 else "tied"
+        return f"{verdict} ({ratio:.3f} [{lo:.3f}, {hi:.3f}])"
+
+    return markdown_table(
+        ["run"] + [f"{L} ({L / L0:g}×)" for L in past], [[label] + [cell(label, L) for L in past] for label in runs]
     )
 
 
