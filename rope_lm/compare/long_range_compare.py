@@ -10,9 +10,9 @@ import re
 
 from rope_lm.compare.labels import NOT_A_SETTING, distinct_labels, flat_settings, run_name
 from rope_lm.compare.noise import seed_interval
-from rope_lm.compare.result_files import files_given_or_below, read_runs, short_path, to_csv
+from rope_lm.compare.result_files import files_given_or_below, read_runs, short_path, write_comparison
 from rope_lm.core.errors import ConfigError
-from rope_lm.core.files import atomic_write, from_here, written_together
+from rope_lm.core.files import from_here
 from rope_lm.core.tables import markdown_table
 from rope_lm.runs.run_settings import settings_key
 
@@ -324,13 +324,5 @@ def compare_long_range(paths: list[str], out: str, title: str | None = None, req
         ]
     if any(r["probe"] == "key_tokens" for r in rows):
         md += ["## Key-token perplexity (LongPPL)", "", _key_tokens_note(runs), "", key_table(rows, labels), ""]
-    if skipped:
-        md += ["## Runs not read", ""] + [f"- {s}" for s in skipped] + [""]
-    files = {
-        "markdown": os.path.join(out, "compare_long_range.md"),
-        "csv": os.path.join(out, "compare_long_range.csv"),
-    }
-    with written_together(out, "out=", "comparison"):  # both or neither; a folder made for them goes on failure
-        atomic_write(files["markdown"], "\n".join(md))
-        atomic_write(files["csv"], to_csv(rows, COLUMNS))
+    files = write_comparison(out, "long_range", md, skipped, rows, COLUMNS)
     return {"out_dir": out, "files": files, "runs": runs, "groups": groups, "rows": rows, "skipped": skipped}

@@ -74,3 +74,17 @@ def to_csv(rows: list[dict], columns: list[str]) -> str:
     w.writeheader()
     w.writerows(rows)
     return buf.getvalue()
+
+
+def write_comparison(out: str, stem: str, md: list[str], skipped: list[str], rows: list[dict], columns: list[str]):
+    """compare_<stem>.md (the runs not read listed at its end) and compare_<stem>.csv in `out`, written as one
+    set: both or neither, and a folder made for them goes on failure. Returns {"markdown", "csv"}: their paths."""
+    from rope_lm.core.files import atomic_write, written_together
+
+    if skipped:
+        md = md + ["## Runs not read", ""] + [f"- {s}" for s in skipped] + [""]
+    files = {"markdown": os.path.join(out, f"compare_{stem}.md"), "csv": os.path.join(out, f"compare_{stem}.csv")}
+    with written_together(out, "out=", "comparison"):
+        atomic_write(files["markdown"], "\n".join(md))
+        atomic_write(files["csv"], to_csv(rows, columns))
+    return files

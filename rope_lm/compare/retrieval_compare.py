@@ -7,9 +7,9 @@ import os
 
 from rope_lm.compare.labels import distinct_labels, flat_settings, run_name
 from rope_lm.compare.noise import WINDOW_CONTROL, against_control
-from rope_lm.compare.result_files import files_given_or_below, read_runs, short_path, to_csv
+from rope_lm.compare.result_files import files_given_or_below, read_runs, short_path, write_comparison
 from rope_lm.core.errors import ConfigError
-from rope_lm.core.files import atomic_write, from_here, written_together
+from rope_lm.core.files import from_here
 from rope_lm.core.tables import markdown_table
 from rope_lm.probes.effective_length import effective_label
 
@@ -219,14 +219,6 @@ def compare_retrieval(paths: list[str], out_dir: str, title: str | None = None, 
         retrieval_table(runs),
         "",
     ] + window_section(runs, names)
-    if skipped:
-        md += ["## Runs not read", ""] + [f"- {s}" for s in skipped] + [""]
     rows = csv_rows(runs, names)
-    files = {
-        "markdown": os.path.join(out_dir, "compare_retrieval.md"),
-        "csv": os.path.join(out_dir, "compare_retrieval.csv"),
-    }
-    with written_together(out_dir, "out=", "comparison"):  # both or neither; a folder made for them goes on failure
-        atomic_write(files["markdown"], "\n".join(md))
-        atomic_write(files["csv"], to_csv(rows, COLUMNS))
+    files = write_comparison(out_dir, "retrieval", md, skipped, rows, COLUMNS)
     return {"out_dir": out_dir, "files": files, "runs": runs, "rows": rows, "skipped": skipped}
