@@ -874,6 +874,15 @@ CONTROLS = {
     "p_rope_at_or_below_rope": lambda: seeded(
         {P_RoPE: {1: [21.0, 21.1, 20.9], 2: [42.0, 44.1, 46.2]}, RoPE: {1: [20.0, 20.1, 19.9], 2: [40, 42, 44]}}
     ),
+    # The bound above itself cut to 64 at 2 x 64 in every seed (it did not learn to read the longer context),
+    # below it at 16 x 64: not read past L at every length
+    "train_long_bound_reads_past_L": lambda: seeded(
+        {
+            "rope": {0.125: [160, 161, 162], 1: [140, 141, 142]},
+            "rope+window": {0.125: [158, 159, 160], 1: [150, 151, 152]},
+        },
+        train_len=1024,
+    ),
     # PoPE below RoPE in every seed, but not below RoPE with YaRN (level with it)
     "pope_below_rope_and_yarn": lambda: seeded(
         {
@@ -1295,3 +1304,20 @@ def test_content_claims_read_not_comparable_until_their_studies_are_run(tmp_path
     studies = OmegaConf.load(os.path.join(ROOT, "conf", "check_published.yaml"))["studies"]
     assert list(studies["content_schemes"]) == ["docs/results/content_schemes_pg19_6000"]
     assert list(studies["content_tasks"]) == ["docs/results/content_tasks_4000"]
+
+
+def test_the_bound_s_claim_reads_its_own_window_control_paired_by_seed():
+    """train_long_bound_reads_past_L: the run against its own rows cut to 64 tokens (scheme rope, method window),
+    seed by seed, at the multipliers of its own L = 1,024 from 0.125 (128 tokens) on."""
+    claim = next(c for c in published_claims() if c["id"] == "train_long_bound_reads_past_L")
+    below = seeded(
+        {
+            "rope": {0.0625: [200, 201, 202], 0.125: [150, 151, 152], 1: [140, 141, 142]},
+            "rope+window": {0.0625: [200, 201, 202], 0.125: [158, 159, 160], 1: [150, 151, 152]},
+        },
+        train_len=1024,
+    )
+    v = R.RULES[claim["rule"]](claim, below)
+    assert v.verdict == R.MATCHED and "paired over 3 seeds" in v.ours and "0.125 x L" in v.ours
+    one_seed = [r for r in below if r["seed"] == 0]
+    assert R.RULES[claim["rule"]](claim, one_seed).verdict == R.NOT_COMPARABLE
