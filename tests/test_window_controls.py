@@ -332,3 +332,25 @@ def test_eval_extrapolation_adds_a_control_to_a_finished_evaluation(tiny_corpus,
     assert sorted(rows_of(both, "window")) == [16, 32]
     assert all(r["controls"]["window"]["paired"] for r in rows_of(both, "none").values())
     assert "PPL over the window control's on the same windows" in open(os.path.join(out, "results.md")).read()
+
+
+def test_an_evaluation_from_before_an_eval_option_existed_still_continues(tiny_corpus, tmp_path):
+    """results.json of an evaluation begun before eval.control_window existed lacks the key; the same command
+    today (the key at its default, None) continues it rather than calling it another evaluation."""
+    from tests.conftest import ROOT
+    from tests.test_evaluation_continues_the_same_model import evaluate
+
+    fixture = os.path.join(ROOT, "tests", "fixtures", "run_before_house")
+    out = str(tmp_path / "eval")
+    rc, text = evaluate(fixture, out, tiny_corpus)
+    assert rc == 0, text
+    path = os.path.join(out, "results.json")
+    saved = json.load(open(path))
+    assert "control_window" in saved["config"]["eval"]
+    del saved["config"]["eval"]["control_window"]
+    saved["status"] = "evaluating"
+    saved["results"] = saved["results"][:1]
+    json.dump(saved, open(path, "w"))
+    rc, text = evaluate(fixture, out, tiny_corpus, "existing=continue")
+    assert rc == 0, text
+    assert json.load(open(path))["status"] == "complete"

@@ -530,7 +530,8 @@ def _check_same_evaluation(earlier: dict, config: dict, out_dir: str) -> None:
     skip = {"model_identity", "ckpt_path"} if by_content else {"model_identity"}
     for side in (before, now):  # controls add rows on the same model: one added to a finished evaluation is evaluated
         if isinstance(side.get("eval"), dict):
-            side["eval"] = {k: v for k, v in side["eval"].items() if k != "controls"}
+            # An option added since (absent there, None here, e.g. control_window) is the same evaluation.
+            side["eval"] = {k: v for k, v in side["eval"].items() if k != "controls" and v is not None}
     if by_content:  # the corpus's name is made from the model's path (a label): the corpus itself must match
         for side in (before, now):
             if isinstance(side.get("data"), dict):
