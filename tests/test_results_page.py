@@ -108,6 +108,18 @@ def test_a_control_block_reads_each_run_against_its_own_window_control(tmp_path)
     )
     with pytest.raises(ConfigError, match="no run of .* has one"):
         render(f"{small(tmp_path)} control")
+    # A model trained at 1,024 read against itself cut to 64 (eval.control_window): the lengths past 64.
+    bound = tmp_path / "bound.csv"
+    rows = [
+        ("", "rope", "rope", "none", 0, 1024, 64, 0.0625, 158.0, 154.0, 162.0, 1.12, 1.1, 1.13, 1.0, 1.0, 1.0),
+        ("", "rope", "rope", "none", 0, 1024, 128, 0.125, 150.0, 146.0, 154.0, 1.07, 1.06, 1.07, 0.995, 0.993, 0.997),
+        ("", "rope", "rope", "none", 0, 1024, 1024, 1.0, 140.0, 133.0, 148.0, 1.0, 1.0, 1.0, 0.97, 0.96, 0.98),
+    ]
+    bound.write_text(head + "".join(",".join(map(str, r)) + "\n" for r in rows))
+    assert render(f"{bound} control") == (
+        "| run | 128 (0.125×) | 1024 (1×) |\n|---|---|---|\n"
+        "| rope | **yes** (0.995 [0.993, 0.997]) | **yes** (0.970 [0.960, 0.980]) |"
+    )
 
 
 def test_an_accuracy_block_is_the_hand_written_table(tmp_path):

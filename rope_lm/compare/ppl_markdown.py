@@ -265,12 +265,18 @@ def _window_section(g: Group, lengths: list[int]) -> list[str]:
     ]
 
 
+def _differs(pair: dict | None) -> bool:
+    return pair is not None and not (pair.get("ratio") == pair.get("lo") == pair.get("hi") == 1.0)
+
+
 def _own_control_section(g: Group, lengths: list[int]) -> list[str]:
     """Each series against its own run's window-L control on the same windows, as the evaluation recorded it:
     PPL over the control's with the paired bootstrap interval, **yes** where below 1 beyond it (the model reads
     the context past L), no where above, tied where the interval holds 1."""
     L0 = g.key.train_len
-    past = [L for L in lengths if L > L0]
+    # Past L; where the control is narrower than L (eval.control_window, e.g. 64 tokens for a model fine-tuned
+    # at 1,024), the lengths past its window, where the two differ (up to it they are one evaluation).
+    past = [L for L in lengths if L > L0] or [L for L in lengths if any(_differs(s.control(L)) for s in g.series)]
 
     def cell(s, L):
         pair = s.control(L)
@@ -289,8 +295,9 @@ def _own_control_section(g: Group, lengths: list[int]) -> list[str]:
     return [
         "### Against its own window-L control (paired, on the same windows)",
         "",
-        f"Does a run use the context past L_train = {L0}? Its PPL over its own model's with attention cut to the "
-        f"last {L0} keys (the window-L control, evaluated on the run's own weights), with the 95% paired bootstrap "
+        f"Does a run use the context past its window-L control? Its PPL over its own model's with attention cut to "
+        f"the last L keys (L_train = {L0}, or eval.control_window; evaluated on the run's own weights), with the 95% "
+        f"paired bootstrap "
         f"interval over the windows both scored: **yes** where the interval lies below 1, no where above, tied "
         f"where it holds 1. The interval is the text's noise for this one trained model; across seeds see above.",
         "",

@@ -233,12 +233,16 @@ def _own_control(by: dict, labels: list[str], lengths: list[int], L0: int, name:
     over the windows both scored): **yes** where the interval lies below 1 (the run reads the text past L
     better than itself cut to L), no above, tied where it holds 1. Three decimals: the paired intervals are
     narrow. The controls' own rows and runs without a control are left out."""
-    past = [L for L in lengths if L > L0]
-    runs = [
-        label
-        for label in labels
-        if any(csv_number((by.get((label, L)) or {}).get("control_ratio")) is not None for L in past)
+
+    def differs(label, L):  # past the control's window (L, or eval.control_window's width); up to it both are one
+        r = by.get((label, L)) or {}
+        values = [csv_number(r.get(k)) for k in ("control_ratio", "control_ratio_lo", "control_ratio_hi")]
+        return values[0] is not None and values != [1.0, 1.0, 1.0]
+
+    past = [L for L in lengths if L > L0 and any(differs(label, L) for label in labels)] or [
+        L for L in lengths if any(differs(label, L) for label in labels)
     ]
+    runs = [label for label in labels if any(differs(label, L) for L in past)]
     if not runs:
         raise ConfigError(
             f"A `control` block reads each run against its own window-L control, and no run of {name} has one "
