@@ -268,18 +268,7 @@ def train_and_evaluate(run: RunConfig | dict, out_dir: str, logger=None, claimed
             **_train_positions(run),
         )
         _keep_rows_of(results, folder.read_results(), start.steps, cache, run)
-        return evaluate_and_report(
-            open_model(ckpt, layers=run.layers).model,
-            cache,
-            run.eval,
-            [run.scaling],
-            out_dir,
-            results,
-            wandb_run(logger),
-            finish,
-            controls=run.controls,
-            control_window=run.control_window,
-        )
+        return _evaluate_run(open_model(ckpt, layers=run.layers).model, run, cache, out_dir, results, logger, finish)
 
     state = {}
 
@@ -349,19 +338,25 @@ def train_and_evaluate(run: RunConfig | dict, out_dir: str, logger=None, claimed
     if trainer.is_global_zero:
         # Under DDP/FSDP the in-memory model may be sharded; evaluate the consolidated checkpoint alone.
         model = lit.model if trainer.world_size == 1 else open_model(final, layers=run.layers).model
-        evaluate_and_report(
-            model,
-            cache,
-            run.eval,
-            [run.scaling],
-            out_dir,
-            results,
-            wandb_run(logger),
-            finish,
-            controls=run.controls,
-            control_window=run.control_window,
-        )
+        _evaluate_run(model, run, cache, out_dir, results, logger, finish)
     return results
+
+
+def _evaluate_run(model, run: RunConfig, cache, out_dir: str, results: dict, logger, finish: str) -> dict:
+    """A run's own evaluation (after training, or of its final checkpoint): its method and its controls, as
+    its settings give them."""
+    return evaluate_and_report(
+        model,
+        cache,
+        run.eval,
+        [run.scaling],
+        out_dir,
+        results,
+        wandb_run(logger),
+        finish,
+        controls=run.controls,
+        control_window=run.control_window,
+    )
 
 
 def _keep_rows_of(results: dict, earlier: dict | None, steps: int, cache, run: RunConfig) -> None:
