@@ -219,6 +219,27 @@ def test_a_method_stopped_part_way_keeps_the_lengths_it_finished(stream, tmp_pat
         assert again["results"][2]["ppl_rel_lo"] < again["results"][2]["ppl_rel"] < again["results"][2]["ppl_rel_hi"]
 
 
+def test_a_method_stopped_part_way_with_a_control_pairs_every_length_it_kept(stream, tmp_path):
+    """The lengths kept from the first sitting get their ratio to the control too (their windows scored
+    again for it), as an evaluation that never stopped gives them: a stop after some lengths of the method,
+    before any of the control's, was left with ratios only at the lengths scored in the second sitting."""
+    model = tiny("rope")
+    whole = evaluate(model, stream, tmp_path / "whole")
+    earlier = copy.deepcopy(whole)
+    earlier["status"] = "evaluating"
+    earlier["results"] = [r for r in earlier["results"] if r["method"] == "none" and r["length"] < 4 * L]
+    for r in earlier["results"]:
+        r.pop("controls", None)  # the control had not run yet
+    again = evaluate(model, stream, tmp_path / "again", results=earlier)
+    assert again["status"] == "complete"
+    assert {L: set(r.get("controls") or {}) for L, r in rows_of(again, "none").items()} == {
+        L: {"window"} for L in (L, 2 * L, 4 * L)
+    }
+    assert [json.dumps(measured(r), sort_keys=True) for r in again["results"]] == [
+        json.dumps(measured(r), sort_keys=True) for r in whole["results"]
+    ]
+
+
 def test_a_model_trained_under_a_method_records_why_the_control_does_not_apply(stream, tmp_path):
     model = tiny("rope", {"name": "pi", "factor": 2.0})
     results = evaluate(model, stream, tmp_path, methods=[{"name": "pi", "factor": 2.0}])

@@ -304,8 +304,8 @@ class _Pairing:
             row.setdefault("controls", {})[self.control_labels[control]] = ratio
 
     def unpaired(self) -> list[str]:
-        """Methods or controls kept from an earlier sitting whose rows still lack a pair (so whose units are
-        not held): the ones to score again."""
+        """Methods or controls kept from an earlier sitting whose rows still lack a pair (so whose units at
+        that length are not held): the ones to score again."""
         missing = set()
         for method in self.results["methods"]:
             if method in self.control_labels:
@@ -313,9 +313,11 @@ class _Pairing:
             for control, name in self.control_labels.items():
                 for row in self.results["results"]:
                     if row["method"] == method and name not in (row.get("controls") or {}):
-                        if self._row(control, row["length"]) is None:
+                        length = row["length"]
+                        if self._row(control, length) is None:
                             continue
-                        missing |= {x for x in (method, control) if x not in self.units}
+                        # By length: a method stopped part-way holds units only for the lengths scored now.
+                        missing |= {x for x in (method, control) if length not in self.units.get(x, {})}
         return sorted(missing, key=list(self.results["methods"]).index)
 
     def rescore(self, model, stream, train_len: int, doc_starts, label: str) -> dict:
