@@ -157,21 +157,27 @@ def test_a_search_block_is_the_hand_written_table(tmp_path):
     search_json(
         tmp_path / "s" / "x16",
         1024,
-        {"none": (72.0, 60.0, 86.0), "yarn defaults": (44.0, 37.0, 52.0), "longrope searched": (41.0, 35.0, 49.0)},
-        paired={"longrope searched / yarn defaults": (0.91, 0.95)},
+        {
+            "none": (72.0, 60.0, 86.0),
+            "window (L)": (48.0, 40.0, 57.0),
+            "yarn defaults": (44.0, 37.0, 52.0),
+            "longrope searched": (41.0, 35.0, 49.0),
+        },
+        paired={"longrope searched / yarn defaults": (0.91, 0.95), "longrope searched / window (L)": (0.84, 0.87)},
     )
-    search_json(
+    search_json(  # a search from before the window row
         tmp_path / "s" / "x8", 512, {"yarn defaults": (34.0, 30.0, 38.0), "longrope searched": (32.0, 28.0, 37.0)}
     )
     for s in ("x16", "x8"):  # search.json's trial count
         p = tmp_path / "s" / s / "search.json"
         p.write_text(p.read_text().replace('"method"', '"trials": 30, "method"'))
     assert render(f"{tmp_path / 's'} search") == (
-        "| method | target | none | defaults | searched | searched / defaults (paired) | trials |\n"
-        "|---|---|---|---|---|---|---|\n"
-        "| longrope | 512 (8×) | – | yarn: 34.00 [30.00, 38.00] | 32.00 [28.00, 37.00] | – | 30 |\n"
-        f"| longrope | 1024 (16×) | 72.00 [60.00, 86.00] | yarn: 44.00 [37.00, 52.00] | 41.00 [35.00, 49.00] | "
-        f"{41 / 44:.3f} [0.910, 0.950] | 30 |"
+        "| method | target | none | window (L) | defaults | searched | searched / defaults (paired) | "
+        "searched / window (paired) | trials |\n"
+        "|---|---|---|---|---|---|---|---|---|\n"
+        "| longrope | 512 (8×) | – | – | yarn: 34.00 [30.00, 38.00] | 32.00 [28.00, 37.00] | – | – | 30 |\n"
+        f"| longrope | 1024 (16×) | 72.00 [60.00, 86.00] | 48.00 [40.00, 57.00] | yarn: 44.00 [37.00, 52.00] | "
+        f"41.00 [35.00, 49.00] | {41 / 44:.3f} [0.910, 0.950] | {41 / 48:.3f} [0.840, 0.870] | 30 |"
     )
     with pytest.raises(ConfigError, match="as a folder"):
         render(f"{tmp_path / 'nowhere'} search")

@@ -152,13 +152,14 @@ def test_a_yarn_search_writes_a_config_that_eval_extrapolation_loads(tiny_ckpt, 
     assert summary["validation"]["best_ppl"] == min(t["ppl"] for t in trials)
     best = yaml.safe_load(open(out / "best.yaml"))
     assert best["name"] == "yarn" and best["beta_fast"] == min(trials, key=lambda t: t["ppl"])["options"]["beta_fast"]
-    assert set(summary["test"]) == {"none", "yarn defaults", "yarn searched"}
+    assert set(summary["test"]) == {"none", "window (L)", "yarn defaults", "yarn searched"}
     for row in summary["test"].values():
         assert row["ppl_lo"] <= row["ppl"] <= row["ppl_hi"]
     assert (out / "trials.png").stat().st_size > 0 and "yarn searched" in open(out / "search.md").read()
     assert "95% bootstrap interval over windows" in open(out / "search.md").read()
     test = summary["test"]
-    for a, b in (("yarn defaults", "none"), ("yarn searched", "none"), ("yarn searched", "yarn defaults")):
+    pairs = [("yarn defaults", "none"), ("yarn searched", "none"), ("yarn searched", "yarn defaults")]
+    for a, b in pairs + [("yarn searched", "window (L)"), ("window (L)", "none")]:
         r = summary["paired"][f"{a} / {b}"]
         assert r["ratio"] == pytest.approx(test[a]["ppl"] / test[b]["ppl"]) and r["lo"] <= r["ratio"] <= r["hi"]
     assert "yarn searched / yarn defaults" in open(out / "search.md").read()
@@ -200,7 +201,49 @@ def test_a_longrope_search_keeps_its_factors_monotone(tiny_ckpt, tmp_path):
     assert [t["origin"] for t in trials[:3]] == ["pi", "ntk", "yarn"] and len(trials) <= 8
     assert best["name"] == "longrope" and best["factor"] == 4.0 and len(best["long_factor"]) == 8
     assert (np.diff(best["long_factor"]) >= 0).all()
-    assert set(json.load(open(out / "search.json"))["test"]) == {"none", "yarn defaults", "longrope searched"}
+    assert set(json.load(open(out / "search.json"))["test"]) == {
+        "none",
+        "window (L)",
+        "yarn defaults",
+        "longrope searched",
+    }
+
+
+def test_the_window_row_is_the_model_cut_to_L_and_a_search_from_before_it_gets_it_without_new_trials(
+    tiny_ckpt, tmp_path
+):
+    out = tmp_path / "search"
+    run_script("search.py", f"ckpt={tiny_ckpt}", "method=yarn", "trials=2", *SMALL, f"out={out}")
+    summary = json.load(open(out / "search.json"))
+    # The window row is scaling=window at the model's training length, scored on the same test windows.
+    from rope_lm.eval.evaluation import evaluate_lengths
+    from rope_lm.eval.search import final_config, objective
+    from rope_lm.runs.trained import checkpoint_token_cache, open_model
+
+    t = open_model(tiny_ckpt, "cpu", {"name": "window", "window": 16})
+    cache, _ = checkpoint_token_cache(t.lit, {}, str(tmp_path / "tok"))
+    cfg = final_config(objective(t.model, cache.tokens("valid"), 64, 256, 512).eval_cfg, 256, 50, 0)
+    want = evaluate_lengths(t.model, cache.tokens("test"), cfg, 16)[0]
+    assert summary["test"]["window (L)"]["ppl"] == pytest.approx(want["ppl"], rel=1e-6)
+    assert summary["test"]["window (L)"]["ppl"] != pytest.approx(summary["test"]["none"]["ppl"], rel=1e-6)
+
+    # A complete search.json from before the window row: continuing adds it and runs no trial again.
+    older = json.loads(json.dumps(summary))
+    del older["test"]["window (L)"]
+    older["paired"] = {k: v for k, v in older["paired"].items() if "window" not in k}
+    json.dump(older, open(out / "search.json", "w"))
+    trials = open(out / "trials.json").read()
+    done = run_script(
+        "search.py", f"ckpt={tiny_ckpt}", "method=yarn", "trials=2", *SMALL, f"out={out}", "existing=continue"
+    )
+    said = done.stdout + done.stderr
+    again = json.load(open(out / "search.json"))
+    assert open(out / "trials.json").read() == trials and "predates its window-L test row" in said
+    assert again["test"] == summary["test"] and again["paired"] == summary["paired"]
+    done = run_script(
+        "search.py", f"ckpt={tiny_ckpt}", "method=yarn", "trials=2", *SMALL, f"out={out}", "existing=continue"
+    )
+    assert "holds a complete search" in done.stdout + done.stderr
 
 
 @pytest.mark.parametrize(

@@ -34,9 +34,10 @@ The marker names a file (relative to the repository root) and a kind:
   ``--output_path`` JSONs), one row per file: the rope-lm model arguments
   other than the checkpoint, each task's metrics, and lm-eval's own wall time;
 * ``search``: the scripts/search.py results (search.json) in a folder, one
-  row per method and target: the test PPL of plain positions, the method's
-  defaults and the searched settings, and searched / defaults on the same
-  windows with its paired interval;
+  row per method and target: the test PPL of plain positions, of the model
+  cut to L (the window-L control; "–" for a search from before it), of the
+  method's defaults and of the searched settings, and searched / defaults and
+  searched / window on the same windows with their paired intervals;
 * ``findings`` and ``not_shown``: the Findings' takeaways, from a YAML file
   whose ``findings:`` names the verdicts (check_published.json) and the
   takeaways (conf/results_page.yaml): a takeaway is shown only while every
@@ -61,6 +62,7 @@ from rope_lm.compare.ppl_runs import csv_number, reference_row
 from rope_lm.compare.published_rules import MATCHED
 from rope_lm.core.errors import ConfigError
 from rope_lm.core.tables import markdown_table
+from rope_lm.probes.search_run import WINDOW
 
 BLOCK = re.compile(r"^<!-- table: (?P<spec>[^>]*?) -->\n(?P<body>.*?)^<!-- end table -->$", re.M | re.S)
 KINDS = (
@@ -340,27 +342,31 @@ def _search(path: str, name: str) -> str:
         test = s["test"]
         searched = next(k for k in test if k.endswith(" searched"))
         defaults = next(k for k in test if k.endswith(" defaults"))
-        pair = (s.get("paired") or {}).get(f"{searched} / {defaults}") or {}
-        ratio = (
-            "–"
-            if not pair
-            else f"{pair['ratio']:.3f}"
-            + (f" [{pair['lo']:.3f}, {pair['hi']:.3f}]" if pair.get("lo") is not None else "")
-        )
+        paired = s.get("paired") or {}
+
+        def ratio(a, b):
+            pair = paired.get(f"{a} / {b}") or {}
+            if not pair:
+                return "–"
+            return f"{pair['ratio']:.3f}" + (
+                f" [{pair['lo']:.3f}, {pair['hi']:.3f}]" if pair.get("lo") is not None else ""
+            )
+
         rows.append(
             [
                 s["method"],
                 f"{s['target']} ({s['target'] / s['train_len']:g}×)",
                 cell(test.get("none")),
+                cell(test.get(WINDOW)),
                 f"{defaults.split()[0]}: {cell(test[defaults])}",
                 cell(test[searched]),
-                ratio,
+                ratio(searched, defaults),
+                ratio(searched, WINDOW),
                 str(s["trials"]),
             ]
         )
-    return markdown_table(
-        ["method", "target", "none", "defaults", "searched", "searched / defaults (paired)", "trials"], rows
-    )
+    header = ["method", "target", "none", "window (L)", "defaults", "searched", "searched / defaults (paired)"]
+    return markdown_table(header + ["searched / window (paired)", "trials"], rows)
 
 
 def _nth_table(text: str, n: str, name: str) -> str:

@@ -1,8 +1,8 @@
 """A search of an extrapolation method's settings for a trained model and a
 target length, into a folder (scripts/search.py is its command line): the
 settings that minimise PPL on the validation split, then the test-split PPL
-of the winner, the method's defaults and plain positions, with 95%
-intervals. The spaces and the searches are rope_lm/eval/search.py's.
+of the winner, the method's defaults, plain positions and the model cut to
+its training length (the window-L control), with 95% intervals. The spaces and the searches are rope_lm/eval/search.py's.
 
 Writes to out= (default: a new <run dir>/search/<method>_x<ratio>):
 best.yaml, trials.json and trials.png, search.json and search.md.
@@ -17,7 +17,9 @@ the same settings, both values named otherwise. Optuna's study is given the
 recorded trials (a refused one as pruned) and runs the trials left;
 LongRoPE's evolution is replayed with the recorded candidates' PPLs, which
 meets them again in the same order without evaluating them, and goes on as
-the uninterrupted search would have.
+the uninterrupted search would have. A complete search from before the
+window-L test row gets it the same way: its trials kept, its test rows scored
+again.
 """
 
 from collections.abc import Callable
@@ -58,6 +60,9 @@ class SearchSettings:
 
 
 SEARCHING, COMPLETE = "searching", "complete"
+# The test row of the model cut to its training length (scaling=window): what the methods must beat to
+# show they read the text past L at all, not only that they beat plain positions.
+WINDOW = "window (L)"
 
 
 def search_checkpoint(
@@ -117,9 +122,13 @@ def search_checkpoint(
     head = _head(s, trained, method, target, evolution)
     if earlier is not None:
         _check_same_search(earlier, head, s.out)
-        if earlier.get("status") == COMPLETE:
+        if earlier.get("status") == COMPLETE and WINDOW in (earlier.get("test") or {}):
             print(f"rope-lm: out={s.out} holds a complete search (search.json); nothing to continue.")
             return earlier
+        if earlier.get("status") == COMPLETE:  # a search from before the window row: its trials kept, the test redone
+            log.info(
+                "The search in %s predates its window-L test row: its trials kept, its test rows scored again.", s.out
+            )
     out = s.out if earlier is not None else _output_dir(s.out, trained.path, method, target / train_len)
     trials_json = os.path.join(out, "trials.json")
     done = _recorded_trials(trials_json) if earlier is not None else []
@@ -176,6 +185,7 @@ def _search(s, scaling_options, trained, method, target, evolution, reference, i
     rows, units = {}, {}
     for label, options in (
         ("none", {"name": "none"}),
+        (WINDOW, {"name": "window"}),  # the model cut to L (window auto = its training length): the control
         (f"{reference['name']} defaults", reference),
         (f"{method} searched", chosen),
     ):
