@@ -489,6 +489,18 @@ def test_a_generation_too_long_for_the_machine_is_refused_with_its_figure_before
     assert forwards == []
 
 
+def test_the_memory_check_counts_a_sliding_window_layer_as_about_two_windows(monkeypatch):
+    import rope_lm.infer.generate as G
+
+    m = tiny(layout={"pattern": [{"window": 8}, {}]})  # a local layer, then a global one
+    monkeypatch.setattr(G, "free_memory_bytes", lambda device: 2**30)
+    monkeypatch.setattr(m, "hidden", lambda *a, **k: None)
+    # The global layer's 100,000,003 rows and the local one's 64 (two windows of 8, in a buffer of at
+    # least 64): 2 x 2 heads x 8 dimensions x 4 bytes = 128 bytes a row, 11.9 GiB (23.8 with both layers full).
+    with pytest.raises(ConfigError, match=r"need 11\.9 GiB \(100,000,067 token rows over 2 layers, the sliding-window"):
+        generate(m, [[1, 2, 3]], max_new_tokens=100_000_000)
+
+
 def test_a_planned_cache_grows_with_what_is_written_not_with_the_plan():
     """A plan sets the length methods read; the buffers hold only what was written (doubling up to the plan)."""
     from rope_lm.model.kv_cache import KVCache

@@ -361,3 +361,39 @@ def test_local_layers_let_go_of_the_keys_past_their_window(planned):
             assert held.first >= n - 2 * 6 and max(rows) <= 2 * 98  # the last chunk's 98 queries and their window
         else:
             assert held.first == 0 and min(rows) >= n
+
+
+@pytest.mark.parametrize("sinks", [0, 2])
+def test_the_planned_cache_size_bounds_what_decoding_holds_and_counts_the_windows(sinks):
+    """held_rows (what generation's memory check plans): every layer's buffers, read after each step of a
+    40-token prompt and 260 single tokens through Gemma 3's layout, never exceed it; without sinks the
+    windowed layers count as about two windows, so it is well under every layer holding every token, and
+    with sinks (every key kept) it is exactly that."""
+    from rope_lm.model.kv_cache import held_rows
+
+    with open(f"{ROOT}/conf/layout/gemma3.yaml") as f:
+        spec = yaml.safe_load(f)
+    for entry in spec.get("pattern") or spec.get("layers") or []:
+        if isinstance(entry, dict) and entry.get("window"):
+            entry["window"], entry["sinks"] = 40, sinks
+    cfg = config(n_layer=len(spec.get("pattern") or spec.get("layers")), layout=spec)
+    torch.manual_seed(0)
+    m = TransformerLM(cfg, pos_options("rope"), {"name": "none"}).eval()
+    prompt, n = 40, 300
+    idx = torch.randint(0, cfg.vocab_size, (1, n), generator=torch.Generator().manual_seed(1))
+    cache = KVCache(planned_len=n)
+    most = 0
+    with torch.no_grad():
+        m(idx[:, :prompt], cache=cache)
+        for t in range(prompt, n):
+            m(idx[:, t : t + 1], cache=cache)
+            most = max(most, sum(layer.buffers["keys"].shape[2] for layer in cache.layers.values()))
+    planned = held_rows(m, prompt, n)
+    assert most <= planned
+    if sinks:
+        assert planned == most == cfg.n_layer * n
+    else:
+        local = [i for i, s in enumerate(m.layout) if s.window]
+        # 2 x 40 rows a window layer, in a buffer doubled from 64: 128 (what it held before its first cut)
+        assert planned == (cfg.n_layer - len(local)) * n + len(local) * 128 < cfg.n_layer * n
+        assert max(cache.layers[i].buffers["keys"].shape[2] for i in local) <= 128

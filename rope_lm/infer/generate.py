@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from rope_lm.core.errors import ConfigError
-from rope_lm.model.kv_cache import KVCache
+from rope_lm.model.kv_cache import KVCache, held_rows
 
 
 @dataclass
@@ -202,13 +202,20 @@ def check_cache_fits(model, batch: int, prompt_len: int, max_new_tokens: int) ->
     if not hasattr(cfg, "n_layer"):  # a model that keeps no keys and values (a test's scripted stand-in)
         return
     param = next(model.parameters())
-    need = cfg.n_layer * 2 * batch * cfg.kv_heads * (prompt_len + max_new_tokens) * cfg.head_size * param.element_size()
+    total = prompt_len + max_new_tokens
+    rows = held_rows(model, prompt_len, total)  # sliding-window layers hold about two windows, not every token
+    need = 2 * batch * cfg.kv_heads * rows * cfg.head_size * param.element_size()
     free = free_memory_bytes(param.device)
     if free is not None and need > free:
+        held = (
+            f"{cfg.n_layer} layers"
+            if rows == cfg.n_layer * total
+            else f"{rows:,} token rows over {cfg.n_layer} layers, the sliding-window ones holding about two windows"
+        )
         raise ConfigError(
             f"max_new_tokens={max_new_tokens} with a prompt of {prompt_len} tokens plans a KV cache of "
-            f"{prompt_len + max_new_tokens} tokens: its keys and values alone need {need / 2**30:.1f} GiB "
-            f"({cfg.n_layer} layers x {batch} sequences x {cfg.kv_heads} key/value heads x {cfg.head_size} "
+            f"{total} tokens: its keys and values alone need {need / 2**30:.1f} GiB "
+            f"({held} x {batch} sequences x {cfg.kv_heads} key/value heads x {cfg.head_size} "
             f"dimensions), more than the {free / 2**30:.1f} GiB the {param.device.type} has free. Lower "
             f"max_new_tokens (or batch_size)."
         )

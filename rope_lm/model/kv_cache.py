@@ -201,3 +201,44 @@ def _sliding_window(plan, store: LayerCache) -> int | None:
     if plan.window is None or plan.sink_tokens or plan.two_pass or plan.q_scale is not None:
         return None
     return None if store.has("raw_keys") else plan.window
+
+
+def _buffer_rows(rows: int) -> int:
+    """The rows a buffer grown by doubling from 64 (LayerCache.extend) has once it holds `rows`."""
+    capacity = 64
+    while capacity < rows:
+        capacity *= 2
+    return capacity
+
+
+def held_rows(model, prompt_len: int, total: int) -> int:
+    """The most key (or value) rows a cache planned for `total` tokens holds over all layers at
+    once while `model` reads a prompt of `prompt_len` and writes up to `total`: every token at a
+    full-attention layer, about two windows at a sliding-window layer that lets go of the keys before
+    its window (_sliding_window's rule, read off the layout: no sinks, and a method on it with neither
+    a far pass nor log-n), plus the prompt once at the window layer reading it. An upper bound: a far
+    pass that stays off at this length, or a window the method sets at evaluation, count as keeping
+    every key."""
+    layout = getattr(model, "layout", None)
+    n_layer = model.cfg.n_layer
+    if layout is None:
+        return n_layer * total
+    method = model.scaling
+    steady, transient = 0, 0
+    for i, spec in enumerate(layout):
+        scheme = model._layer_schemes[i]
+        scaled = i in model.scaled_layers
+        keeps_all = (
+            spec.window is None
+            or spec.sinks
+            or scheme.owns_attention
+            or scheme.has_content_terms
+            or (scaled and (method.far_pass or method.logn or getattr(method, "sinks", 0)))
+        )
+        if keeps_all:
+            steady += total
+            continue
+        rows = min(total, _buffer_rows(2 * spec.window))
+        steady += rows
+        transient = max(transient, min(prompt_len, total) - rows)
+    return steady + transient
