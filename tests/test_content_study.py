@@ -120,3 +120,28 @@ def test_content_tasks_sweeps_cope_rope_fox_nope_on_copes_tasks_and_copy():
             assert build_task(run.task).max_tokens(run.sizes.test_max) > build_task(run.task).max_tokens(16)
             names.add(subdir)
     assert len(names) == len(TASKS) * 4 and "counting_cope_seed1" in names
+
+
+def test_headline_budget_is_the_headline_at_600_and_2000_steps_with_seeds_and_controls():
+    """The budget curve on the headline's protocol: only trainer.max_steps differs from pe_headline, and each
+    budget x scheme x seed has a folder of its own."""
+    from rope_lm.runs.config import resolve_run
+
+    cfg, sweep = compose(["+experiment=headline_budget"])
+    headline, _ = compose(["+experiment=pe_headline"])
+    assert sweep == {"seed": "0,1,2", "experiment/pe_scheme@_global_": "rope,alibi", "trainer.max_steps": "600,2000"}
+    for key in ("data", "eval", "model", "optim"):
+        assert cfg[key] == headline[key], key
+    assert {k: v for k, v in cfg["trainer"].items() if k != "max_steps"} == {
+        k: v for k, v in headline["trainer"].items() if k != "max_steps"
+    }
+    names = set()
+    for scheme in ("rope", "alibi"):
+        for steps in (600, 2000):
+            overrides = ["+experiment=headline_budget", f"experiment/pe_scheme@_global_={scheme}", "seed=1"]
+            arm, subdir, _ = compose_with_hydra("config", overrides + [f"trainer.max_steps={steps}"])
+            run = resolve_run(arm)
+            assert run.trainer.max_steps == steps and run.controls == ["window"] and max(run.lengths) == 16 * 64
+            assert subdir == f"{scheme}_seed1_steps{steps}_L64"
+            names.add(subdir)
+    assert len(names) == 4
