@@ -165,3 +165,81 @@ def test_runs_on_other_text_or_other_key_tokens_are_refused_naming_the_folders(r
     write_probe(record, tmp_path / "b" / "alibi_0", "alibi", 0, RUNS["alibi"][0], other_keys)
     with pytest.raises(ConfigError, match=r"length 32, .* different key tokens.*b/alibi_0.*b/rope_0"):
         compare_long_range([str(tmp_path / "b")], str(tmp_path / "cmp"))
+
+
+def _with_windows(key_loss, key_count, loss, window=False, weights=None):
+    """An edit for write_probe: the key-token row's per-window sums (and the PPLs they give), and for the
+    window control its method."""
+
+    def edit(r):
+        (row,) = r["key_tokens"]["rows"]
+        n = len(key_loss)
+        row["per_window"] = {"loss": list(loss), "key_loss": list(key_loss), "key_count": list(key_count)}
+        row["windows"], row["tokens"] = n, n * row["length"]
+        row["key_ppl"] = math.exp(sum(key_loss) / sum(key_count))
+        row["ppl"] = math.exp(sum(loss) / (n * row["length"]))
+        if weights is not None:
+            r["model"]["weights"] = weights  # each seed is a model of its own
+        if window:
+            r["method"] = "window"
+            r["settings"]["common"]["scaling"] = {"name": "window", "window": 16}
+
+    return edit
+
+
+def test_each_model_against_its_own_window_paired_over_windows_or_over_seeds(record, tmp_path):
+    """The ratio of a model's key-token PPL (and PPL) to its own window control's: a lone seed gets the paired
+    bootstrap over the windows (here every key token of the control costs exactly 0.2 nats more, so every
+    resample gives exp(-0.2): a paired interval of no width, where the windows' own spread is wide); seeds get
+    the mean, sd and t-interval of their per-seed ratios, by hand."""
+    counts = [3, 1, 4, 1, 5, 9, 2, 6]
+    key_loss = [c * v for c, v in zip(counts, (2.0, 3.5, 1.0, 4.0, 2.5, 1.5, 3.0, 2.0))]
+    loss = [32 * v for v in (5.0, 5.5, 4.8, 6.0, 5.2, 4.9, 5.1, 5.3)]
+    shifted = [k + 0.2 * c for k, c in zip(key_loss, counts)]
+    root = tmp_path / "one"
+    write_probe(record, root / "rope_0", "rope", 0, (0.5, 0.1, 0, 0), _with_windows(key_loss, counts, loss))
+    write_probe(record, root / "rope_0_w", "rope", 0, (0, 0, 0, 0), _with_windows(shifted, counts, loss, True))
+    other = _with_windows(key_loss, counts, loss)
+
+    def other_weights(r):
+        other(r)
+        r["model"]["weights"] = "another model"
+
+    write_probe(record, root / "alibi_0", "alibi", 0, (0.5, 0.1, 0, 0), other_weights)
+    out = compare_long_range([str(root)], str(tmp_path / "cmp"))
+    rows = {(r["label"], r["quantity"]): r for r in out["rows"] if r["quantity"].endswith("_over_window")}
+    assert set(rows) == {("rope", "key_ppl_over_window"), ("rope", "ppl_over_window")}  # alibi has no control
+    key = rows[("rope", "key_ppl_over_window")]
+    assert (key["n"], key["interval"]) == (1, "paired bootstrap")
+    assert key["mean"] == pytest.approx(math.exp(-0.2)) and (key["lo"], key["hi"]) == pytest.approx(
+        (math.exp(-0.2),) * 2
+    )
+    plain = rows[("rope", "ppl_over_window")]
+    assert plain["mean"] == pytest.approx(1.0) and (plain["lo"], plain["hi"]) == pytest.approx((1.0, 1.0))
+    md = open(out["files"]["markdown"]).read()
+    assert "## Against its own window" in md
+    assert f"| 32 | 2 | rope | 1 | {math.exp(-0.2):.3f} [{math.exp(-0.2):.3f}, {math.exp(-0.2):.3f}] (paired) |" in md
+
+    # Three seeds, each with its own control 0.1, 0.2 and 0.4 nats a key token worse.
+    root = tmp_path / "seeds"
+    for seed, c in enumerate((0.1, 0.2, 0.4)):
+        worse = [k + c * n for k, n in zip(key_loss, counts)]
+        mine = _with_windows(key_loss, counts, loss, weights=f"seed {seed}")
+        control = _with_windows(worse, counts, loss, True, weights=f"seed {seed}")
+        write_probe(record, root / f"r{seed}", "rope", seed, (0, 0, 0, 0), mine)
+        write_probe(record, root / f"w{seed}", "rope", seed, (0, 0, 0, 0), control)
+    out = compare_long_range([str(root)], str(tmp_path / "cmp2"))
+    (key,) = [r for r in out["rows"] if r["quantity"] == "key_ppl_over_window"]
+    values = [math.exp(-c) for c in (0.1, 0.2, 0.4)]
+    assert (key["n"], key["interval"], key["seeds"]) == (3, "t", "0 1 2")
+    assert (key["mean"], key["sd"], key["lo"], key["hi"]) == pytest.approx(hand(values), rel=1e-9)
+
+
+def test_the_probe_keeps_the_per_window_sums_its_ppls_come_from(record):
+    for row in record["key_tokens"]["rows"]:
+        per = row["per_window"]
+        assert len(per["loss"]) == len(per["key_loss"]) == len(per["key_count"]) == row["windows"]
+        assert sum(per["key_count"]) == row["key_tokens"]
+        assert math.exp(sum(per["loss"]) / row["tokens"]) == pytest.approx(row["ppl"], rel=1e-9)
+        if row["key_tokens"]:
+            assert math.exp(sum(per["key_loss"]) / row["key_tokens"]) == pytest.approx(row["key_ppl"], rel=1e-9)

@@ -8,12 +8,15 @@ import json
 import os
 import re
 
+import numpy as np
+
 from rope_lm.compare.labels import NOT_A_SETTING, distinct_labels, flat_settings, run_name
 from rope_lm.compare.noise import seed_interval
 from rope_lm.compare.result_files import files_given_or_below, read_runs, short_path, write_comparison
 from rope_lm.core.errors import ConfigError
 from rope_lm.core.files import from_here
 from rope_lm.core.tables import markdown_table
+from rope_lm.eval import bootstrap
 from rope_lm.runs.run_settings import settings_key
 
 # rope_lm.probes.long_range_run.RESULTS, named here: that module needs torch, a comparison does not.
@@ -275,6 +278,126 @@ def _key_tokens_note(runs: list[dict]) -> str:
     )
 
 
+def _weights(r: dict) -> tuple:
+    model = r.get("model") if isinstance(r.get("model"), dict) else {}
+    return (model.get("weights"), model.get("step"))
+
+
+def own_windows(runs: list[dict]) -> dict:
+    """run_dir -> the probe run of the same weights cut to a window (method window): each model's own
+    window control, where exactly one was probed."""
+    by_weights: dict = {}
+    for r in runs:
+        if _weights(r)[0] is not None:
+            by_weights.setdefault(_weights(r), []).append(r)
+    out = {}
+    for members in by_weights.values():
+        controls = [r for r in members if r.get("method") == "window"]
+        if len(controls) == 1:
+            out.update({r["run_dir"]: controls[0] for r in members if r.get("method") != "window"})
+    return out
+
+
+def _window_units(row: dict, name: str) -> bootstrap.Units | None:
+    """A key-token row's per-window sums as bootstrap units (`name`: loss or key_loss), or None for a row
+    scored before they were kept."""
+    per = row.get("per_window")
+    if not per:
+        return None
+    loss = np.asarray(per[name], np.float64)
+    count = np.asarray(per["key_count"] if name == "key_loss" else [row["length"]] * len(loss), np.float64)
+    keys = np.arange(len(loss))
+    return bootstrap.Units("document", keys, loss, count, np.zeros_like(loss), np.zeros_like(count))
+
+
+# (the CSV's quantity, the row's PPL, the per-window sums behind it)
+OVER_WINDOW = (("key_ppl_over_window", "key_ppl", "key_loss"), ("ppl_over_window", "ppl", "loss"))
+
+
+def window_rows(groups: list[tuple[str, list[dict]]], controls: dict, resamples: int = 1000) -> list[dict]:
+    """Each model's key-token PPL and PPL over its own window control's at each length, per seed; over seeds
+    the mean, sd and t-interval of the per-seed ratios (training noise), and for a lone seed the paired
+    bootstrap over the windows both were scored on (the same windows and key tokens)."""
+    rows = []
+    for label, members in groups:
+        paired = [(r, controls[r["run_dir"]]) for r in members if r["run_dir"] in controls]
+        if not paired:
+            continue
+        for quantity, name, sums in OVER_WINDOW:
+            by_T: dict = {}
+            for r, c in paired:
+                ctrl = {row["length"]: row for row in _rows(c, "key_tokens")}
+                for row in _rows(r, "key_tokens"):
+                    other = ctrl.get(row["length"])
+                    if other is not None and row.get(name) and other.get(name):
+                        by_T.setdefault(row["length"], []).append((r, row, other))
+            for T in sorted(by_T):
+                got = by_T[T]
+                values = [row[name] / other[name] for _, row, other in got]
+                st = seed_interval(values)
+                if st is not None:
+                    st = {**st, "interval": "t"}
+                else:
+                    _, row, other = got[0]
+                    a, b = _window_units(row, sums), _window_units(other, sums)
+                    ci = (
+                        bootstrap.paired_ratio(a, b, row[name], other[name], resamples, 0, T)
+                        if a is not None and b is not None
+                        else {}
+                    )
+                    lo, hi = ci.get("lo"), ci.get("hi")
+                    st = {"n": 1, "mean": values[0], "sd": None, "lo": lo, "hi": hi}
+                    st["interval"] = "" if lo is None else "paired bootstrap"
+                rows.append(
+                    {
+                        "label": label,
+                        "scheme": got[0][0]["scheme"],
+                        "method": got[0][0].get("method", "none"),
+                        "train_len": got[0][0].get("train_len"),
+                        "probe": "key_tokens",
+                        "quantity": quantity,
+                        "at": T,
+                        "ratio": got[0][1]["ratio"],
+                        "n": st["n"],
+                        "seeds": " ".join(str(_seed(r)) for r, _, _ in got),
+                        "values": " ".join(f"{v:.6g}" for v in values),
+                        **{k: st[k] for k in ("mean", "sd", "lo", "hi", "interval")},
+                        "run_dirs": " ".join(from_here(r["run_dir"]) for r, _, _ in got),
+                    }
+                )
+    return rows
+
+
+def window_table(rows: list[dict], labels: list[str]) -> str:
+    cells = {(r["at"], r["label"], r["quantity"]): r for r in rows if r["quantity"].endswith("_over_window")}
+    order = {label: i for i, label in enumerate(labels)}
+    keys = sorted({(at, label) for at, label, _ in cells}, key=lambda k: (k[0], order[k[1]]))
+
+    def shown(st):
+        if st is None:
+            return "—"
+        text = _mean_sd(st, "{:.3f}") + " " + _interval(st, "{:.3f}").replace(" (bootstrap)", "")
+        return text + (" (paired)" if st["interval"] == "paired bootstrap" else "")
+
+    table = []
+    for T, label in keys:
+        key, plain = cells.get((T, label, "key_ppl_over_window")), cells.get((T, label, "ppl_over_window"))
+        ratio = (key or plain)["ratio"]
+        table.append([f"{T:,}", f"{ratio:g}", label, (key or plain)["n"], shown(key), shown(plain)])
+    return markdown_table(
+        ["T", "T/L", "model", "seeds", "key-token PPL / own window's", "PPL / own window's"], table, "rrlrrr"
+    )
+
+
+WINDOW_NOTE = (
+    "Each model against itself cut to a window (its own window control, probed with scaling=window on the same "
+    "weights): the ratio of its key-token PPL, and of its PPL, to the control's on the same windows and key "
+    "tokens. Below 1: it reads those tokens better with the whole window than cut to the control's width. "
+    "Over seeds: mean ± sd of the per-seed ratios and their 95% t-interval (training noise included); a lone "
+    "seed: its paired bootstrap interval over the windows (text noise only)."
+)
+
+
 def _count(n: int, what: str) -> str:
     return f"{n} {what}{'' if n == 1 else 's'}"
 
@@ -296,6 +419,8 @@ def compare_long_range(paths: list[str], out: str, title: str | None = None, req
     groups = long_range_groups(runs)
     labels = [label for label, _ in groups]
     rows = csv_rows(groups)
+    over_window = window_rows(groups, own_windows(runs))
+    rows += over_window
     text = runs[0]["text"]
     md = [
         f"# {title or 'Long-range probes'}",
@@ -324,5 +449,7 @@ def compare_long_range(paths: list[str], out: str, title: str | None = None, req
         ]
     if any(r["probe"] == "key_tokens" for r in rows):
         md += ["## Key-token perplexity (LongPPL)", "", _key_tokens_note(runs), "", key_table(rows, labels), ""]
+    if over_window:
+        md += ["## Against its own window", "", WINDOW_NOTE, "", window_table(over_window, labels), ""]
     files = write_comparison(out, "long_range", md, skipped, rows, COLUMNS)
     return {"out_dir": out, "files": files, "runs": runs, "groups": groups, "rows": rows, "skipped": skipped}

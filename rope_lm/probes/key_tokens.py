@@ -175,7 +175,8 @@ def _ppl(loss: float | None) -> float | None:
 
 def score(losses: torch.Tensor, key: torch.Tensor, resamples: int, seed: int, length: int) -> dict:
     """Plain and key-token PPL of a model's per-target losses (count, length), with 95% bootstrap
-    intervals over windows (a window's targets share their context)."""
+    intervals over windows (a window's targets share their context), and the per-window sums they
+    come from."""
     d = losses.double()
     per_window = d.sum(1).numpy()
     key_sum = (d * key).sum(1).numpy()
@@ -192,6 +193,13 @@ def score(losses: torch.Tensor, key: torch.Tensor, resamples: int, seed: int, le
         "ppl": _ppl(loss),
         "key_loss": key_loss,
         "key_ppl": _ppl(key_loss),
+        # Per-window sums (each window scores `length` targets): two models scored on the same selection are
+        # compared window by window (a paired bootstrap, rope_lm.compare.long_range_compare).
+        "per_window": {
+            "loss": [float(v) for v in per_window],
+            "key_loss": [float(v) for v in key_sum],
+            "key_count": [int(v) for v in key_count],
+        },
     }
     counts = np.full(d.shape[0], float(d.shape[1]))
     lo, hi = bootstrap.ppl_interval(per_window, counts, resamples, np.random.default_rng([int(seed), length, 0]))
