@@ -510,6 +510,7 @@ def evaluate_lengths(
     doc_starts: np.ndarray | None = None,
     units_out: dict | None = None,
     kept: dict | None = None,
+    kept_units: dict | None = None,
 ) -> list[dict]:
     """ppl@L for every configured length under cfg.protocol; calls
     on_result(row) for each length in ascending order, as soon as it and every
@@ -519,7 +520,8 @@ def evaluate_lengths(
     two evaluations on the same windows). `kept` (length -> row) holds rows an
     earlier sitting measured: those lengths are not scored again and their rows
     come back as they were, except the training length's when a new length
-    needs its windows for a paired interval of its relative PPL."""
+    needs its windows for a paired interval of its relative PPL and
+    `kept_units` (length -> units) does not hold them."""
     summary = eval_summary(cfg, len(stream), doc_starts, train_len)
     lengths = [L for L in summary["lengths"] if L not in summary.get("skipped_lengths", [])]
     plan = None
@@ -537,7 +539,8 @@ def evaluate_lengths(
             log.warning("ppl@%d skipped: no document of the %s split has %d tokens", L, cfg.split, L + 1)
     n = summary["scored_tokens"] if cfg.protocol != "documents" else None
     kept = {L: row for L, row in (kept or {}).items() if L in lengths}
-    if train_len in kept and cfg.bootstrap and any(L not in kept for L in lengths):
+    kept_units = {L: u for L, u in (kept_units or {}).items() if L in kept}
+    if train_len in kept and train_len not in kept_units and cfg.bootstrap and any(L not in kept for L in lengths):
         del kept[train_len]  # scored again: the new lengths' relative PPL pairs with its windows
     order = sorted(lengths, key=lambda L: (L != train_len, L))
     bar = _progress(cfg, [L for L in lengths if L not in kept], n, plan)
@@ -552,8 +555,10 @@ def evaluate_lengths(
             if L in kept:
                 row = done[L] = kept[L]
                 rows.append(row)
+                if units_out is not None and L in kept_units:
+                    units_out[L] = kept_units[L]
                 if L == train_len:
-                    reference = (row, None)
+                    reference = (row, kept_units.get(L))
             while next_up in done:
                 if on_result:
                     on_result(done[next_up])

@@ -1,7 +1,7 @@
 """A decoder-only, pre-norm, causal transformer that knows positional schemes
 only through the hooks of rope_lm.positional.base (docs/architecture.md)."""
 
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
 import json
 
 import torch
@@ -369,6 +369,40 @@ class TransformerLM(nn.Module):
         self.scaled_layers = _active_layers(method, self.layout, self._layer_schemes)
         self.scaling = method
 
+    @property
+    def plain_label(self) -> str:
+        """The label of no method (plain positions), as results name it."""
+        return self._plain.label
+
+    def plain_at(self, seq_len: int) -> bool:
+        """Whether the method changes nothing at seq_len, so that this model computes there exactly what it
+        computes with no method (YaRN or PI with factor auto at or below the training length): on every
+        layer it acts on, the positions, the attention plan and the rotary frequencies and factor are
+        plain positions'. Only rotary layers are judged (a rotary scheme reads the method through these
+        hooks alone); any other scheme under the method answers False. The model's mode counts, as in a
+        forward: a method acting only at evaluation is plain in training. tests/test_plain_at.py holds every
+        method's logits to plain positions' wherever this says True."""
+        method, plain = self.scaling, self._plain
+        if not self.scaled_layers or type(method) is type(plain) and not method.logn:
+            return True
+        ctx = self.context(seq_len)
+        plain_ctx = replace(ctx, scaling=plain, memo={})
+        pos = torch.arange(seq_len)
+        for scheme in {id(self._layer_schemes[i]): self._layer_schemes[i] for i in self.scaled_layers}.values():
+            spec = scheme.rotary
+            if spec is None:
+                return False
+            mapped = method.map_positions(pos, scheme, ctx)
+            if mapped.shape != pos.shape or not torch.equal(mapped, pos):
+                return False
+            if not _plain_plan(method.attention_plan(mapped, ctx)):
+                return False
+            inv_freq, factor = method.rope_frequencies(spec.rot_dim, spec.base, ctx)
+            inv_plain, factor_plain = plain.rope_frequencies(spec.rot_dim, spec.base, plain_ctx)
+            if factor != factor_plain or not torch.equal(inv_freq.float(), inv_plain.float()):
+                return False
+        return True
+
     def validate_length(self, seq_len: int):
         _validate_length(seq_len, self.scaling, self._layer_schemes, self.scaled_layers, self.cfg.train_len)
 
@@ -476,6 +510,14 @@ class TransformerLM(nn.Module):
             x = scheme.embed(x, own_positions(gpos, start, ctx.shards), lctx)
             x = run_block(block, x, scheme, gpos, plan, lctx, cache, self.cfg.activation_checkpointing)
         return x
+
+
+def _plain_plan(plan) -> bool:
+    """An attention plan that asks nothing beyond causal attention (what plain positions plan)."""
+    return (
+        all(getattr(plan, f.name) is None for f in fields(plan) if f.name not in ("sink_tokens",))
+        and not plan.sink_tokens
+    )
 
 
 def own_positions(pos: torch.Tensor, start: int, shards) -> torch.Tensor:

@@ -19,6 +19,7 @@ from rope_lm.core.stops import signal_status, signals_stop
 from rope_lm.core.typed import typed, typed_component, typed_dataclass
 from rope_lm.data.split import DATA_ANNOTATIONS
 from rope_lm.eval import bootstrap
+from rope_lm.eval.cost import COST_KEYS
 from rope_lm.eval.evaluation import EvalConfig, eval_summary, evaluate_lengths
 from rope_lm.eval.report import log_to_wandb, write_views
 from rope_lm.eval.results import RESULTS_JSON, new_results
@@ -235,6 +236,15 @@ def evaluate_and_report(
                     log.info(
                         "[%s] lengths %s kept from the earlier evaluation in %s", label, sorted(partial[label]), out_dir
                     )
+                same = _plain_rows(model, results, label, lengths)
+                if same:
+                    log.info(
+                        "[%s] at %s the method changes nothing (TransformerLM.plain_at): the rows of %s taken",
+                        label,
+                        ", ".join(map(str, sorted(same))),
+                        model.plain_label,
+                    )
+                plain_units = pairing.units.get(model.plain_label, {})
                 evaluate_lengths(
                     model,
                     stream,
@@ -243,8 +253,12 @@ def evaluate_and_report(
                     on_result,
                     doc_starts=doc_starts,
                     units_out=units,
-                    kept=partial.get(label),
+                    kept={**same, **partial.get(label, {})},
+                    kept_units={L: plain_units[L] for L in same if L in plain_units},
                 )
+                for L in same:  # scored again here (its units were not held): the plain method's too
+                    if L in units and L not in plain_units:
+                        pairing.units.setdefault(model.plain_label, {})[L] = units[L]
                 # Wall time of the method's whole evaluation (all lengths), on this machine as it was loaded.
                 results["methods"][label]["seconds"] = round(time.perf_counter() - started, 2)
                 if i < len(everything) - 1:
@@ -273,6 +287,28 @@ def evaluate_and_report(
     if wandb_run is not None:
         log_to_wandb(wandb_run, results, out_dir)
     return results
+
+
+def _plain_rows(model, results: dict, label: str, lengths: list[int]) -> dict:
+    """length -> the plain method's row under this method's label, at the lengths where the model under
+    the method computes exactly what it computes with none (TransformerLM.plain_at) and none's row is
+    in: the same numbers, so not scored again. The row says so (`same_as`) and carries no cost of its
+    own."""
+    plain = model.plain_label
+    if label == plain:
+        return {}
+    rows = {r["length"]: r for r in results["results"] if r["method"] == plain}
+    out = {}
+    was = model.training
+    model.eval()  # judged as evaluated: a method acting only at evaluation is plain in training
+    try:
+        for L in lengths:
+            if L in rows and model.plain_at(L):
+                row = {k: v for k, v in rows[L].items() if k not in COST_KEYS}
+                out[L] = {**row, "method": label, "same_as": plain}
+    finally:
+        model.train(was)
+    return out
 
 
 class _Pairing:
