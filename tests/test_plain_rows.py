@@ -74,3 +74,30 @@ def test_a_later_sitting_scores_L_once_for_every_method_plain_there(stream, tmp_
     alone = evaluate(tiny("rope"), stream, tmp_path / "alone", controls=(), methods=[{"name": "pi"}])
     for length, row in rows_of(alone, "pi").items():
         assert same(rows_of(later, "pi")[length], row), length
+
+
+def test_a_later_sitting_in_the_same_folder_pairs_with_the_windows_the_first_one_kept(stream, tmp_path, scored):
+    """eval_units.npz beside results.json keeps every scored row's windows: a method stopped after L and 2L,
+    continued in its folder, scores 4L alone (its relative PPL pairs with L's kept windows), and its ratios
+    to the window control come without scoring anything again; the rows equal an evaluation that never
+    stopped. A folder whose units file is gone scores L again, as before."""
+    from rope_lm.eval.units_file import UNITS_NPZ, load_units
+
+    model = tiny("rope")
+    out = tmp_path / "run"
+    whole = evaluate(model, stream, out, methods=[None])
+    held = load_units(str(out / UNITS_NPZ))
+    assert sorted(held) == ["none", "window"] and sorted(held["none"]) == [L, 2 * L, 4 * L]
+    earlier = copy.deepcopy(whole)
+    earlier["status"] = "evaluating"
+    earlier["results"] = [r for r in earlier["results"] if r["method"] == "none" and r["length"] < 4 * L]
+    del scored[:]
+    again = evaluate(model, stream, out, methods=[None], results=copy.deepcopy(earlier))
+    # (the window control at L is none's row: cut to L, a model of L reads what it reads whole)
+    assert scored == [("none", 4 * L), ("window", 2 * L), ("window", 4 * L)]
+    pairs = list(zip(again["results"], whole["results"]))
+    assert len(pairs) == 6 and all(a["method"] == b["method"] and same(a, b) for a, b in pairs)
+    (out / UNITS_NPZ).unlink()
+    del scored[:]
+    evaluate(model, stream, out, methods=[None], results=copy.deepcopy(earlier))
+    assert scored[:2] == [("none", L), ("none", 4 * L)]

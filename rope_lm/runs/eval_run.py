@@ -23,6 +23,7 @@ from rope_lm.eval.cost import COST_KEYS
 from rope_lm.eval.evaluation import EvalConfig, eval_summary, evaluate_lengths
 from rope_lm.eval.report import log_to_wandb, write_views
 from rope_lm.eval.results import RESULTS_JSON, new_results
+from rope_lm.eval.units_file import UNITS_NPZ, load_units, save_units
 from rope_lm.model.layout import scheme_label
 from rope_lm.runs.run_folder import RunFolder, Status, check_writable, first_missing, refuse_taken
 from rope_lm.runs.trained import checkpoint_token_cache, open_model, output_home
@@ -201,6 +202,13 @@ def evaluate_and_report(
     results["methods"] = {k: v for k, v in results["methods"].items() if k in kept}
     results["results"] = [r for r in results["results"] if r["method"] in kept]
     pairing = _Pairing(results, applied, eval_cfg)
+    units_path = os.path.join(out_dir, UNITS_NPZ)
+    # The windows of the rows kept from an earlier sitting, where it kept them: paired again without scoring.
+    held = load_units(units_path)
+    for row in results["results"] + [r for rows in partial.values() for r in rows.values()]:
+        u = held.get(row["method"], {}).get(row["length"])
+        if u is not None:
+            pairing.units.setdefault(row["method"], {})[row["length"]] = u
     still = {c.name for c in applied if c.label in kept}
     for row in results["results"]:  # a control measured anew is paired anew
         if row.get("controls"):
@@ -228,6 +236,9 @@ def evaluate_and_report(
                     results["results"].append(row)
                     pairing.pair(label, row["length"])
                     write_views(results, out_dir, draw=False)
+                    # After results.json (the numbers first, on a filling disk); a row whose windows a stop
+                    # kept from this file has them scored again where a pair needs them.
+                    save_units(units_path, pairing.units)
                     extra = f", beyond L_train {row['ppl_beyond']:.3f}" if row["ppl_beyond"] else ""
                     log.info("ppl@%d [%s] = %.3f%s", row["length"], label, row["ppl"], extra)
 
@@ -236,7 +247,7 @@ def evaluate_and_report(
                     log.info(
                         "[%s] lengths %s kept from the earlier evaluation in %s", label, sorted(partial[label]), out_dir
                     )
-                same = _plain_rows(model, results, label, lengths)
+                same = _plain_rows(model, results, label, lengths, label in pairing.control_labels)
                 if same:
                     log.info(
                         "[%s] at %s the method changes nothing (TransformerLM.plain_at): the rows of %s taken",
@@ -245,6 +256,7 @@ def evaluate_and_report(
                         model.plain_label,
                     )
                 plain_units = pairing.units.get(model.plain_label, {})
+                mine = {L: u for L, u in units.items() if L in partial.get(label, {})}
                 evaluate_lengths(
                     model,
                     stream,
@@ -254,7 +266,7 @@ def evaluate_and_report(
                     doc_starts=doc_starts,
                     units_out=units,
                     kept={**same, **partial.get(label, {})},
-                    kept_units={L: plain_units[L] for L in same if L in plain_units},
+                    kept_units={**{L: plain_units[L] for L in same if L in plain_units}, **mine},
                 )
                 for L in same:  # scored again here (its units were not held): the plain method's too
                     if L in units and L not in plain_units:
@@ -269,6 +281,7 @@ def evaluate_and_report(
                 pairing.units[label] = pairing.rescore(model, stream, results["train_len"], doc_starts, label)
                 for L in lengths:
                     pairing.pair(label, L)
+                save_units(units_path, pairing.units)
             broken = _not_finite(results)
             if broken:
                 results["status"] = Status.FAILED
@@ -289,7 +302,7 @@ def evaluate_and_report(
     return results
 
 
-def _plain_rows(model, results: dict, label: str, lengths: list[int]) -> dict:
+def _plain_rows(model, results: dict, label: str, lengths: list[int], control: bool = False) -> dict:
     """length -> the plain method's row under this method's label, at the lengths where the model under
     the method computes exactly what it computes with none (TransformerLM.plain_at) and none's row is
     in: the same numbers, so not scored again. The row says so (`same_as`) and carries no cost of its
@@ -304,7 +317,8 @@ def _plain_rows(model, results: dict, label: str, lengths: list[int]) -> dict:
     try:
         for L in lengths:
             if L in rows and model.plain_at(L):
-                row = {k: v for k, v in rows[L].items() if k not in COST_KEYS}
+                # A control's row holds no ratio to the controls (itself among them).
+                row = {k: v for k, v in rows[L].items() if k not in COST_KEYS and not (control and k == "controls")}
                 out[L] = {**row, "method": label, "same_as": plain}
     finally:
         model.train(was)
