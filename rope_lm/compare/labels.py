@@ -9,7 +9,10 @@ from rope_lm.runs.run_settings import BOOKKEEPING, TASK_BOOKKEEPING, without
 
 # Seed replicas: runs whose settings are equal once the seed and the bookkeeping
 # (rope_lm.runs.run_settings.BOOKKEEPING, TASK_BOOKKEEPING) are left out.
-NOT_A_SETTING = BOOKKEEPING | TASK_BOOKKEEPING | {"seed", "model_identity"}
+# What an evaluation was asked for besides a row (the other methods it scored, the lengths it covered)
+# says nothing about the row: two evaluations of one model under one method are the same series.
+EVALUATION_SCOPE = {"methods", "eval.lengths", "eval.multipliers"}
+NOT_A_SETTING = BOOKKEEPING | TASK_BOOKKEEPING | EVALUATION_SCOPE | {"seed", "model_identity"}
 # Where a run's inputs came from (the checkpoint it resumed or evaluated, its weights' checksum
 # and step, the tokenizer file an evaluation copied), not what it computed: never a name.
 NOT_A_NAME = ("ckpt_path", "model_identity", "init_from", "existing", "data.tokenizer_file")
