@@ -183,7 +183,6 @@ def csv_rows(groups: list[tuple[str, list[dict]]]) -> list[dict]:
     """One row per model, quantity and distance or length, its seeds' values summarised."""
     rows = []
     for label, members in groups:
-        first = members[0]
         for probe, at_key, quantity, part, name in QUANTITIES:
             by_at: dict = {}
             for r in members:
@@ -195,24 +194,28 @@ def csv_rows(groups: list[tuple[str, list[dict]]]) -> list[dict]:
                 got = by_at[at]
                 values = [float(d[name]) for _, _, d in got]
                 st = _stats(values, (got[0][2].get(f"{name}_lo"), got[0][2].get(f"{name}_hi")))
-                rows.append(
-                    {
-                        "label": label,
-                        "scheme": first["scheme"],
-                        "method": first.get("method", "none"),
-                        "train_len": first.get("train_len"),
-                        "probe": probe,
-                        "quantity": quantity,
-                        "at": at,
-                        "ratio": got[0][1],
-                        "n": st["n"],
-                        "seeds": " ".join(str(_seed(r)) for r, _, _ in got),
-                        "values": " ".join(f"{v:.6g}" for v in values),
-                        **{k: st[k] for k in ("mean", "sd", "lo", "hi", "interval")},
-                        "run_dirs": " ".join(from_here(r["run_dir"]) for r, _, _ in got),
-                    }
-                )
+                rows.append(_csv_row(label, probe, quantity, at, got[0][1], [r for r, _, _ in got], values, st))
     return rows
+
+
+def _csv_row(label: str, probe: str, quantity: str, at: int, ratio, runs: list[dict], values: list, st: dict) -> dict:
+    """One CSV row: a model's quantity at a distance or length over its seeds' runs, summarised in `st`."""
+    first = runs[0]
+    return {
+        "label": label,
+        "scheme": first["scheme"],
+        "method": first.get("method", "none"),
+        "train_len": first.get("train_len"),
+        "probe": probe,
+        "quantity": quantity,
+        "at": at,
+        "ratio": ratio,
+        "n": st["n"],
+        "seeds": " ".join(str(_seed(r)) for r in runs),
+        "values": " ".join(f"{v:.6g}" for v in values),
+        **{k: st[k] for k in ("mean", "sd", "lo", "hi", "interval")},
+        "run_dirs": " ".join(from_here(r["run_dir"]) for r in runs),
+    }
 
 
 def _mean_sd(st: dict | None, fmt: str) -> str:
@@ -288,8 +291,9 @@ def own_windows(runs: list[dict]) -> dict:
     window control, where exactly one was probed."""
     by_weights: dict = {}
     for r in runs:
-        if _weights(r)[0] is not None:
-            by_weights.setdefault(_weights(r), []).append(r)
+        weights = _weights(r)
+        if weights[0] is not None:
+            by_weights.setdefault(weights, []).append(r)
     out = {}
     for members in by_weights.values():
         controls = [r for r in members if r.get("method") == "window"]
@@ -307,6 +311,7 @@ def _window_units(row: dict, name: str) -> bootstrap.Units | None:
     loss = np.asarray(per[name], np.float64)
     count = np.asarray(per["key_count"] if name == "key_loss" else [row["length"]] * len(loss), np.float64)
     keys = np.arange(len(loss))
+    # As "document" units, two rows pair where their keys are equal: the same windows, in the same order.
     return bootstrap.Units("document", keys, loss, count, np.zeros_like(loss), np.zeros_like(count))
 
 
@@ -348,23 +353,8 @@ def window_rows(groups: list[tuple[str, list[dict]]], controls: dict, resamples:
                     lo, hi = ci.get("lo"), ci.get("hi")
                     st = {"n": 1, "mean": values[0], "sd": None, "lo": lo, "hi": hi}
                     st["interval"] = "" if lo is None else "paired bootstrap"
-                rows.append(
-                    {
-                        "label": label,
-                        "scheme": got[0][0]["scheme"],
-                        "method": got[0][0].get("method", "none"),
-                        "train_len": got[0][0].get("train_len"),
-                        "probe": "key_tokens",
-                        "quantity": quantity,
-                        "at": T,
-                        "ratio": got[0][1]["ratio"],
-                        "n": st["n"],
-                        "seeds": " ".join(str(_seed(r)) for r, _, _ in got),
-                        "values": " ".join(f"{v:.6g}" for v in values),
-                        **{k: st[k] for k in ("mean", "sd", "lo", "hi", "interval")},
-                        "run_dirs": " ".join(from_here(r["run_dir"]) for r, _, _ in got),
-                    }
-                )
+                runs = [r for r, _, _ in got]
+                rows.append(_csv_row(label, "key_tokens", quantity, T, got[0][1]["ratio"], runs, values, st))
     return rows
 
 

@@ -23,7 +23,7 @@ def save_units(path: str, units: dict) -> None:
     for label, by_length in units.items():
         for length, u in by_length.items():
             i = len(index)
-            index.append({"label": label, "length": int(length), "kind": u.kind, "ends": u.ends is not None})
+            index.append({"label": label, "length": int(length), "kind": u.kind})
             for name in _ARRAYS:
                 value = getattr(u, name)
                 if value is not None:
@@ -43,7 +43,7 @@ def load_units(path: str) -> dict:
             out: dict = {}
             for i, entry in enumerate(json.loads(str(f["index"]))):
                 parts = {name: f[f"{i}:{name}"].copy() for name in _ARRAYS if f"{i}:{name}" in f}
-                parts.setdefault("ends", None)
+                parts.setdefault("ends", None)  # documents have none
                 out.setdefault(entry["label"], {})[entry["length"]] = Units(entry["kind"], **parts)
             return out
     except (OSError, ValueError, KeyError) as e:
