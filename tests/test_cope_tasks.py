@@ -151,3 +151,90 @@ def test_the_task_runner_trains_and_scores_past_the_trained_sizes_under_cope(nam
     assert [b["label"] for b in result["buckets"]] == ["1-2", "3-4", "5-6", "7-8"]
     assert [b["inside"] for b in result["buckets"]] == [True, True, False, False]
     assert all(b["n"] == 6 and 0 <= b["accuracy"] <= 1 for b in result["buckets"])
+
+
+SPLITS = {
+    "selective_copy": {"sparse": {"blanks": 2.0}, "dense": {"blanks": 0.5}},
+    "flip_flop": {"sparse": {"ignore": 0.98}},
+}
+
+
+def split_config(task="selective_copy", splits=SPLITS):
+    return {
+        "model": {"n_layer": 1, "n_head": 2, "d_model": 32, "attention": "auto"},
+        "pos": {"name": "cope"},
+        "task": {"name": task},
+        "sizes": {"train_max": 4, "test_factor": 2, "bucket": 2},
+        "train": {"steps": 3, "batch_size": 4, "examples": 40, "log_every": 1},
+        "eval": {"samples": 3, "bootstrap": 20, "splits": splits},
+        "optim": {"warmup_steps": 1},
+        "seed": 0,
+    }
+
+
+def test_test_splits_score_the_trained_sizes_drawn_at_their_own_settings(tmp_path):
+    """eval.splits: each of the run's own task's splits is a second test set at every size, drawn
+    with the split's settings (CoPE's sparse selective copy: twice the blanks, the same symbols),
+    read by compare.py and the claims as the task `<task>@<split>`."""
+    from rope_lm.compare import published as P
+    from rope_lm.compare.task_compare import compare_tasks
+
+    run = T.resolve_task_run(split_config())
+    assert run.raw["eval"]["splits"] == SPLITS["selective_copy"]  # the flip_flop entry is not this run's
+    result = T.run_task(run, str(tmp_path / "run"))
+    assert set(result["splits"]) == {"sparse", "dense"}
+    for name, blanks in (("sparse", 2.0), ("dense", 0.5)):
+        split = result["splits"][name]
+        assert split["task_options"] == {"blanks": blanks}
+        assert [b["label"] for b in split["buckets"]] == ["1-2", "3-4", "5-6", "7-8"]
+        task = build_task({"name": "selective_copy", "blanks": blanks})
+        assert [b["max_tokens"] for b in split["buckets"]] == [task.max_tokens(hi) for hi in (2, 4, 6, 8)]
+        for size in (1, 4, 8):  # the split's instances: `size` symbols among round(blanks x size) blanks
+            drawn, _ = T.test_set(task, size, 3, 0, set(), split=name)
+            assert all(len(p) == size + round(blanks * size) and p.count("_") == round(blanks * size) for p, _ in drawn)
+    assert result["splits"]["sparse"]["buckets"] != result["buckets"]
+    assert "### Split sparse (blanks=2.0)" in (tmp_path / "run" / T.TASK_MD).read_text()
+    # compare.py and the claims read a split as a task of its own, its trained sizes as `inside`
+    compare_tasks([str(tmp_path / "run")], str(tmp_path / "cmp"))
+    for rows in (P.task_rows([str(tmp_path / "cmp")]), P.task_rows([str(tmp_path / "run")])):
+        by_task = {r["task"]: r for r in rows}
+        assert set(by_task) == {"selective_copy", "selective_copy@sparse", "selective_copy@dense"}
+        for name in ("sparse", "dense"):
+            inside = by_task[f"selective_copy@{name}"]["inside"]
+            assert inside["n"] == result["splits"][name]["inside"]["n"] == 12
+            assert inside["accuracy"] == pytest.approx(result["splits"][name]["inside"]["accuracy"])
+
+
+def test_a_run_is_the_same_run_whatever_splits_other_tasks_name():
+    """A run records its own task's splits only: a flip-flop run given selective copy's splits is
+    the run recorded before eval.splits existed (existing=continue finds it complete)."""
+    from rope_lm.runs.run_settings import TASK_BOOKKEEPING, settings_differences
+
+    before = split_config("flip_flop", {})
+    del before["eval"]["splits"]
+    given = T.resolve_task_run(split_config("flip_flop", {"selective_copy": SPLITS["selective_copy"]}))
+    assert given.raw["eval"]["splits"] == {}
+    assert settings_differences(before, given.raw, TASK_BOOKKEEPING) == []
+    with_own = T.resolve_task_run(split_config("flip_flop", SPLITS))
+    assert settings_differences(before, with_own.raw, TASK_BOOKKEEPING) == [
+        ("eval.splits", None, {"sparse": {"ignore": 0.98}})
+    ]
+
+
+@pytest.mark.parametrize(
+    "splits,message",
+    [
+        ({"nosuch": {"sparse": {"blanks": 2.0}}}, "eval.splits.nosuch: 'nosuch' is not a task"),
+        ({"selective_copy": {}}, "eval.splits.selective_copy={} must map split names"),
+        ({"selective_copy": {"Sparse!": {"blanks": 2.0}}}, "split name 'Sparse!' must be lowercase"),
+        ({"selective_copy": {"sparse": {"name": "copy"}}}, "not the task's name"),
+        ({"selective_copy": {"sparse": {"blank": 2.0}}}, "eval.splits.selective_copy.sparse"),
+        ({"selective_copy": {"sparse": {"blanks": -1.0}}}, "task.blanks=-1.0"),
+        ({"selective_copy": {"letters": {"alphabet": 5}}}, "changes the task's symbols"),
+        ({"counting": {"five": {"variables": 5}}}, "eval.splits.counting.five changes the task's symbols"),
+        ("sparse", "eval.splits='sparse' must map a task"),
+    ],
+)
+def test_bad_splits_are_one_paragraph_before_any_training(splits, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        T.resolve_task_run(split_config(splits=splits))

@@ -811,6 +811,27 @@ def task_runs(acc: dict, n=128) -> list[dict]:
     ]
 
 
+def split_runs(inside: dict, beyond: float = 0.0, n=128) -> list[dict]:
+    """Task rows of seed replicas with their exact match inside the training sizes (a test split's
+    trained sizes at other settings), {scheme: {task: [accuracy inside of seed 0, 1, ...]}}; past
+    them every run scores `beyond`."""
+    return [
+        {
+            "task": t,
+            "scheme": s,
+            "method": "none",
+            "seed": i,
+            "accuracy": beyond,
+            "n": n,
+            "buckets": [],
+            "inside": {"accuracy": a, "n": n},
+        }
+        for s, by_task in inside.items()
+        for t, accs in by_task.items()
+        for i, a in enumerate(accs)
+    ]
+
+
 RoPE, P_RoPE = "rope (pos.p_rope=1.0)", "rope (pos.p_rope=0.75)"
 
 
@@ -871,6 +892,14 @@ CONTROLS = {
         {
             "cope": {"counting": [0.97, 0.98, 0.99], "selective_copy": [0.99, 1.0, 1.0]},
             "rope": {"counting": [0.95, 0.97, 0.96], "selective_copy": [0.1, 0.05, 0.0]},
+        },
+        n=512,
+    ),
+    # RoPE copies at the dense split as well as CoPE: the density says nothing of CoPE's positions
+    "cope_copies_at_other_densities": lambda: split_runs(
+        {
+            "cope": {"selective_copy@dense": [1.0, 1.0, 0.99], "selective_copy@sparse": [0.98, 1.0, 0.97]},
+            "rope": {"selective_copy@dense": [0.97, 0.99, 1.0], "selective_copy@sparse": [0.1, 0.0, 0.05]},
         },
         n=512,
     ),
@@ -1290,12 +1319,36 @@ def test_task_solved_where_control_fails():
     assert R.task_solved_where_control_fails(TASK_CLAIM, bare).verdict == R.NOT_COMPARABLE
 
 
+def test_task_claims_read_inside_the_training_sizes_where_told():
+    """where: inside reads a split's trained sizes; the default still reads past them, and a
+    wrong value is one paragraph."""
+    density = claim(
+        rule="task_solved_where_control_fails",
+        series="cope",
+        control="rope",
+        tasks=["selective_copy@sparse"],
+        min=0.9,
+        max_control=0.5,
+        where="inside",
+    )
+    rows = split_runs({"cope": {"selective_copy@sparse": [1.0, 0.99]}, "rope": {"selective_copy@sparse": [0.1, 0.2]}})
+    v = R.task_solved_where_control_fails(density, rows)
+    assert v.verdict == R.MATCHED and v.ours.endswith("(exact match inside the training sizes)")
+    assert "inside the training sizes" in P.rule_text(density)
+    # past the training sizes every run scores 0%: CoPE's claim fails there
+    beyond = R.task_solved_where_control_fails({k: v for k, v in density.items() if k != "where"}, rows)
+    assert beyond.verdict == R.NOT_MATCHED and beyond.ours.endswith("(exact match past the training sizes)")
+    with pytest.raises(ConfigError, match="where='outside' must be beyond"):
+        R.task_solved_where_control_fails(dict(density, where="outside"), rows)
+
+
 def test_content_claims_read_not_comparable_until_their_studies_are_run(tmp_path):
     content = [c for c in published_claims() if c["study"] in ("content_schemes", "content_tasks")]
     assert {c["id"] for c in content} == {
         "fox_below_rope",
         "stick_breaking_below_rope",
         "cope_counts_where_rope_fails",
+        "cope_copies_at_other_densities",
         "p_rope_at_or_below_rope",
         "pope_below_rope_and_yarn",
     }

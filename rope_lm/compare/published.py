@@ -109,12 +109,20 @@ def _size_bucket(label, n, accuracy) -> dict:
     return {"label": str(label), "sizes": (int(lo), int(hi or lo)), "n": n, "accuracy": accuracy}
 
 
+def _pooled(buckets: list[dict]) -> dict:
+    """{accuracy, n} over size buckets, weighted by their instances (None where none)."""
+    n = sum(b["n"] for b in buckets)
+    return {"accuracy": sum(b["accuracy"] * b["n"] for b in buckets) / n if n else None, "n": n or None}
+
+
 def task_rows(paths: list[str]) -> list[dict]:
-    """(task, scheme, method, seed, accuracy, n, buckets) per run: the exact
-    match past the training sizes pooled over its size buckets, the number of
-    instances it counts, and the buckets past the training sizes on their own
-    (label, sizes, n, accuracy), which the task rules make intervals and
-    rankings per bucket from."""
+    """(task, scheme, method, seed, accuracy, n, buckets, inside) per run: the
+    exact match past the training sizes pooled over its size buckets, the
+    number of instances it counts, the buckets past the training sizes on their
+    own (label, sizes, n, accuracy), which the task rules make intervals and
+    rankings per bucket from, and `inside`: the same pooled over the training
+    sizes ({accuracy, n}; a test split's in-distribution sizes at its other
+    settings are what CoPE's dense and sparse splits test)."""
     from rope_lm.compare.result_files import files_named
     from rope_lm.compare.task_compare import load_task_runs
 
@@ -128,24 +136,27 @@ def task_rows(paths: list[str]) -> list[dict]:
             else []
         )
         if found:
-            runs = {}
+            runs, inside = {}, {}
             for f in found:
                 for r in _read_csv(f):
-                    if str(r["inside"]) == "False" and r.get("n"):
-                        key = (r["task"], r["scheme"], r["method"], r.get("seed"), r["run_dir"])
+                    if not r.get("n"):
+                        continue
+                    key = (r["task"], r["scheme"], r["method"], r.get("seed"), r["run_dir"])
+                    if str(r["inside"]) == "False":
                         runs.setdefault(key, []).append(_size_bucket(r["sizes"], r["n"], r["accuracy"]))
-            for (task, scheme, method, seed, _), buckets in runs.items():
-                n = sum(b["n"] for b in buckets)
-                hits = sum(b["accuracy"] * b["n"] for b in buckets)
+                    else:
+                        inside.setdefault(key, []).append(_size_bucket(r["sizes"], r["n"], r["accuracy"]))
+            for key, buckets in runs.items():
+                task, scheme, method, seed, _ = key
                 out.append(
                     {
                         "task": task,
                         "scheme": scheme,
                         "method": method,
                         "seed": seed,
-                        "accuracy": hits / n,
-                        "n": n,
+                        **_pooled(buckets),
                         "buckets": buckets,
+                        "inside": _pooled(inside.get(key, [])),
                     }
                 )
         elif os.path.exists(p):
@@ -164,6 +175,7 @@ def task_rows(paths: list[str]) -> list[dict]:
                         "accuracy": beyond.get("accuracy"),
                         "n": beyond.get("n") or sum(b["n"] or 0 for b in buckets) or None,
                         "buckets": buckets,
+                        "inside": {k: (r.get("inside") or {}).get(k) for k in ("accuracy", "n")},
                     }
                 )
         else:

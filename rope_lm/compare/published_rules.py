@@ -34,6 +34,7 @@ import math
 import random
 
 from rope_lm.compare.noise import WINDOW_CONTROL, seed_interval
+from rope_lm.core.errors import ConfigError
 
 MATCHED, NOT_MATCHED, NOT_ROBUST, TIED, NOT_COMPARABLE = (
     "matched",
@@ -874,8 +875,17 @@ def below_across_seeds(claim: dict, rows: list[dict]) -> Verdict:
 # --- a task solved past the training sizes where the control fails -------------------------
 
 
-def _task_point(rows: list[dict], scheme: str, task: str) -> dict | None:
-    runs = [(r["accuracy"], r.get("n")) for r in rows if r["scheme"] == scheme and r["task"] == task]
+def _task_point(rows: list[dict], scheme: str, task: str, where: str = "beyond") -> dict | None:
+    """The scheme's exact match on the task past the training sizes (where="beyond") or inside
+    them (where="inside"), over its seeds."""
+
+    def pick(r):
+        if where == "beyond":
+            return r["accuracy"], r.get("n")
+        inside = r.get("inside") or {}
+        return inside.get("accuracy"), inside.get("n")
+
+    runs = [pick(r) for r in rows if r["scheme"] == scheme and r["task"] == task]
     runs = [(a, n) for a, n in runs if a is not None]
     return {**_point(runs), "runs": len(runs)} if runs else None
 
@@ -892,7 +902,7 @@ def _shown_task(name: str, p: dict) -> str:
 @rule(
     ("series", "control", "tasks", "min", "max_control"),
     lambda c: (
-        f"exact match past the training sizes on each of {', '.join(c['tasks'])}: {c['series']} >= {c['min']:.0%} "
+        f"exact match {_WHERE[_where(c)]} on each of {', '.join(c['tasks'])}: {c['series']} >= {c['min']:.0%} "
         f"and {c['control']} <= {c['max_control']:.0%}, each whole interval (Wilson, widened by the seed spread)"
     ),
     rows="task",
@@ -901,16 +911,21 @@ def task_solved_where_control_fails(claim: dict, rows: list[dict]) -> Verdict:
     """On every task of `tasks`, the series solves the task past the
     training sizes (its exact match there, seeds' mean, the whole 95%
     Wilson interval widened by the seeds' spread at least `min`) where the
-    control does not (its whole interval at most `max_control`). Not matched
-    where the series' interval lies wholly below `min` or the control's
-    wholly above `max_control` on one task (the control solves it too: the
-    task says nothing of the scheme); tied where an interval straddles its
-    bound; not comparable where a task lacks a run of either or a count to
-    make an interval of."""
+    control does not (its whole interval at most `max_control`). With
+    `where: inside` the same is read inside the training sizes: for a test
+    split (`<task>@<split>`, scripts/task.py's eval.splits) that is the
+    trained sizes drawn at other settings, as CoPE's dense and sparse splits
+    are. Not matched where the series' interval lies wholly below `min` or
+    the control's wholly above `max_control` on one task (the control solves
+    it too: the task says nothing of the scheme); tied where an interval
+    straddles its bound; not comparable where a task lacks a run of either
+    or a count to make an interval of."""
     methods = [r for r in rows if r["method"] == "none"]
+    where = _where(claim)
     parts, verdicts = [], []
     for task in claim["tasks"]:
-        s, c = _task_point(methods, claim["series"], task), _task_point(methods, claim["control"], task)
+        s = _task_point(methods, claim["series"], task, where)
+        c = _task_point(methods, claim["control"], task, where)
         if s is None or c is None:
             missing = " and ".join(n for n, p in ((claim["series"], s), (claim["control"], c)) if p is None)
             parts.append(f"{task}: no {missing} run")
@@ -942,4 +957,17 @@ def task_solved_where_control_fails(claim: dict, rows: list[dict]) -> Verdict:
         else:
             verdicts.append(MATCHED)
     verdict = next(v for v in (NOT_MATCHED, NOT_COMPARABLE, TIED, MATCHED) if v in verdicts)
-    return Verdict("; ".join(parts) + " (exact match past the training sizes)", verdict)
+    return Verdict("; ".join(parts) + f" (exact match {_WHERE[where]})", verdict)
+
+
+_WHERE = {"beyond": "past the training sizes", "inside": "inside the training sizes"}
+
+
+def _where(claim: dict) -> str:
+    where = claim.get("where", "beyond")
+    if where not in _WHERE:
+        raise ConfigError(
+            f"Claim {claim.get('id', '?')!r}: where={where!r} must be beyond (past the training sizes, the default) "
+            f"or inside (the training sizes: a test split's other settings at the trained sizes)."
+        )
+    return where

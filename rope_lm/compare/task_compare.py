@@ -50,7 +50,24 @@ def load_task_runs(paths: list[str]) -> tuple[list[dict], list[str]]:
                 f"task / buckets)."
             )
 
-    return read_runs(find_task_results(paths), "rerun that task.", problem)
+    runs, unreadable = read_runs(find_task_results(paths), "rerun that task.", problem)
+    return [split for r in runs for split in with_splits(r)], unreadable
+
+
+def with_splits(run: dict) -> list[dict]:
+    """The run, then each of its test splits (eval.splits) as a run of the task `<task>@<split>`,
+    so every table, plot and claim reads a split as a task of its own."""
+    out = [run]
+    for name, split in (run.get("splits") or {}).items():
+        out.append(
+            {
+                **{k: v for k, v in run.items() if k != "splits"},
+                "task": f"{run['task']}@{name}",
+                "task_options": {**(run.get("task_options") or {}), **split["task_options"]},
+                **{k: split.get(k) for k in ("buckets", "inside", "beyond")},
+            }
+        )
+    return out
 
 
 def task_labels(runs: list[dict]) -> dict[str, str]:

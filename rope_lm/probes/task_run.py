@@ -26,11 +26,12 @@ first wrong argmax is where greedy would go wrong. Accuracy is reported per
 size bucket with a 95% bootstrap interval over instances.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 import logging
 import math
 import os
 import random
+import re
 import time
 import typing
 
@@ -125,6 +126,10 @@ class TaskEval:
     batch_size: int = 128
     bootstrap: int = 1000  # resamples for the 95% intervals; 0: none
     examples: int = 2  # failed instances kept per bucket in the JSON, for reading
+    # task -> split name -> overrides of the task's settings for another test set at the same sizes (CoPE's
+    # dense and sparse selective copy: the trained count of symbols among fewer or more blanks); a run uses
+    # its own task's entry, so one sweep over tasks can name each task's splits
+    splits: dict = field(default_factory=dict)
 
     def validate(self):
         for k in ("samples", "batch_size"):
@@ -179,6 +184,7 @@ def resolve_task_run(cfg: dict) -> TaskRun:
         )
     if top.get("device", "cpu") not in ("cpu", "cuda", "auto"):
         raise ConfigError(f"device={top['device']!r} must be cpu, cuda or auto.")
+    cfg = own_splits(cfg)
     run = TaskRun(
         model=typed(
             cfg.get("model") or {},
@@ -207,7 +213,63 @@ def resolve_task_run(cfg: dict) -> TaskRun:
     mcfg = model_config(run, len(task.vocabulary()), task.max_tokens(run.sizes.train_max))
     mcfg.validate()
     check_fit(mcfg, run.pos, run.scaling, task.max_tokens(run.sizes.test_max))
+    for name, overrides in run.eval.splits.items():
+        split = split_task(run.task, name, overrides, f"eval.splits.{task.name}.{name}")
+        check_fit(mcfg, run.pos, run.scaling, split.max_tokens(run.sizes.test_max))
     return run
+
+
+SPLIT_NAME = re.compile(r"[a-z0-9_]+")
+
+
+def own_splits(cfg: dict) -> dict:
+    """cfg with eval.splits narrowed to the run's own task's splits ({split: overrides}): what the
+    run records, so a run is the same run whatever splits a sweep names for other tasks. Every
+    task's entry is checked first."""
+    splits = (cfg.get("eval") or {}).get("splits") or {}
+    if not isinstance(splits, dict):
+        raise ConfigError(
+            f"eval.splits={splits!r} must map a task to its test splits, e.g. "
+            f"{{selective_copy: {{sparse: {{blanks: 2.0}}}}}} (CoPE's sparse split)."
+        )
+    for task, named in splits.items():
+        if task not in SYNTHETIC_TASKS.names():
+            raise ConfigError(
+                f"eval.splits.{task}: {task!r} is not a task; the keys of eval.splits are task names "
+                f"({', '.join(SYNTHETIC_TASKS.names())}), each mapping split names to that task's settings."
+            )
+        if not isinstance(named, dict) or not named:
+            raise ConfigError(
+                f"eval.splits.{task}={named!r} must map split names to settings of {task}, e.g. "
+                f"{{sparse: {{blanks: 2.0}}}}."
+            )
+        trained = cfg.get("task") if (cfg.get("task") or {}).get("name") == task else {"name": task}
+        symbols = build_task(typed_component(SYNTHETIC_TASKS, trained, "task")).vocabulary().symbols
+        for name, overrides in named.items():
+            split = split_task(trained, name, overrides, f"eval.splits.{task}.{name}").vocabulary().symbols
+            if split != symbols:
+                raise ConfigError(
+                    f"eval.splits.{task}.{name} changes the task's symbols ({', '.join(split)} against "
+                    f"{', '.join(symbols)}), which the trained model has no embedding for; a split may change only "
+                    f"how instances are drawn (selective_copy's blanks, flip_flop's ignore)."
+                )
+    own = splits.get((cfg.get("task") or {}).get("name"), {})
+    return {**cfg, "eval": {**(cfg.get("eval") or {}), "splits": own}}
+
+
+def split_task(task: dict, name: str, overrides, where: str):
+    """The task of a test split: the task's settings with the split's overrides, checked."""
+    if not isinstance(name, str) or not SPLIT_NAME.fullmatch(name):
+        raise ConfigError(
+            f"{where}: split name {name!r} must be lowercase letters, digits and _ (it names the split's rows, "
+            f"e.g. selective_copy@sparse)."
+        )
+    if not isinstance(overrides, dict) or not overrides or "name" in overrides:
+        raise ConfigError(
+            f"{where}={overrides!r} must be a mapping of the task's own settings to test at, e.g. "
+            f"{{blanks: 2.0}} for selective_copy (CoPE's sparse split); not empty, and not the task's name."
+        )
+    return build_task(typed_component(SYNTHETIC_TASKS, {**task, **overrides}, where))
 
 
 def model_config(run: TaskRun, vocab_size: int, train_len: int) -> ModelConfig:
@@ -224,10 +286,10 @@ def training_set(task, sizes: Sizes, n: int, seed: int) -> list[tuple[list[str],
     return [task.instance(rng, rng.randint(sizes.train_min, sizes.train_max)) for _ in range(n)]
 
 
-def test_set(task, size: int, n: int, seed: int, seen: set, tries: int = 20) -> tuple[list, int]:
-    """n instances of one size (independent of every other size's), redrawn
-    while they occur in the training set; returns (instances, overlaps left)."""
-    rng = random.Random(f"task-test:{task.name}:{seed}:{size}")
+def test_set(task, size: int, n: int, seed: int, seen: set, tries: int = 20, split: str = "") -> tuple[list, int]:
+    """n instances of one size (independent of every other size's and split's),
+    redrawn while they occur in the training set; returns (instances, overlaps left)."""
+    rng = random.Random(f"task-test:{task.name}:{seed}:{size}" + (f":{split}" if split else ""))
     out, overlaps = [], 0
     for _ in range(n):
         for _ in range(tries):
@@ -482,6 +544,9 @@ def run_task(run: TaskRun, out_dir: str, logger=None, progress: dict | None = No
         "config": run.raw,
         "status": Status.COMPLETE,
     }
+    if run.eval.splits:
+        results["splits"] = score_splits(run, model, vocab, seen, device, progress)
+        results["seconds"] = round(time.perf_counter() - t0, 2)
     # One set, the record of a complete run last: a full disk part-way leaves none of them, never a
     # "complete" task_results.json beside a missing or cut-short model.pt.
     with written_together(out_dir, "hydra.run.dir", "task run's results"):
@@ -493,6 +558,34 @@ def run_task(run: TaskRun, out_dir: str, logger=None, progress: dict | None = No
     if logger is not None:
         log_metrics(logger, results, out_dir)
     return results
+
+
+def score_splits(run: TaskRun, model, vocab, seen: set, device, progress: dict) -> dict:
+    """name -> {task_options, buckets, inside, beyond} for each test split of eval.splits: the
+    same sizes and scoring as the main test set, its instances drawn under the split's settings."""
+    out = {}
+    for name, overrides in run.eval.splits.items():
+        progress["phase"] = f"scoring split {name}"
+        task = split_task(run.task, name, overrides, f"eval.splits.{run.task['name']}.{name}")
+        tests = {
+            size: test_set(task, size, run.eval.samples, run.seed, seen, split=name)[0]
+            for size in range(run.sizes.train_min, run.sizes.test_max + 1)
+        }
+        scored = evaluate_sizes(model, task, vocab, tests, run.eval.batch_size, device)
+        out[name] = {
+            "task_options": dict(overrides),
+            **score(
+                run.sizes,
+                task,
+                tests,
+                scored,
+                run.eval.bootstrap,
+                run.seed,
+                run.eval.examples,
+                write=lambda kept, task=task: greedy_answers(model, task, vocab, kept, run.eval.batch_size, device),
+            ),
+        }
+    return out
 
 
 # --- views ------------------------------------------------------------------------
@@ -515,6 +608,20 @@ def markdown(results: dict) -> str:
         f"{results['train']['final_loss']:.3f}); tested up to size {results['test_max']}. "
         f"Exact match of the whole answer, 95% bootstrap interval over instances.",
         "",
+    ] + _bucket_lines(results)
+    for name, split in (results.get("splits") or {}).items():
+        options = ", ".join(f"{k}={v}" for k, v in split["task_options"].items())
+        lines += [
+            f"### Split {name} ({options})",
+            "",
+            f"The same sizes, drawn with {options} (eval.splits.{results['task']}.{name}).",
+            "",
+        ] + _bucket_lines(split)
+    return "\n".join(lines)
+
+
+def _bucket_lines(results: dict) -> list[str]:
+    return [
         markdown_table(
             ["sizes", "where", "tokens ≤", "n", "exact match", "token accuracy"],
             [
@@ -529,13 +636,10 @@ def markdown(results: dict) -> str:
                 for b in results["buckets"]
             ],
         ),
-    ]
-    lines += [
         "",
         f"Inside the training sizes: {fmt_acc(results.get('inside'))}; beyond: {fmt_acc(results.get('beyond'))}.",
         "",
     ]
-    return "\n".join(lines)
 
 
 def plot_accuracy(runs: list[dict], path: str, title: str | None = None):

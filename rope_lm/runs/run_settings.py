@@ -42,6 +42,7 @@ ADDED_AT_DEFAULT = {
     "scaling.sinks": 0,  # StreamingLLM sink tokens of scaling=window
     "scaling.sink_positions": "cache",  # read only where sinks > 0
     "trainer.context_parallel": 1,  # devices sharing each training sequence; 1, none, as before
+    "eval.splits": {},  # a task run's extra test splits (scripts/task.py); none, as before
 }
 
 # The same for a task run (scripts/task.py): its log interval and CPU threads
