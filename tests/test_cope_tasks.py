@@ -238,3 +238,30 @@ def test_a_run_is_the_same_run_whatever_splits_other_tasks_name():
 def test_bad_splits_are_one_paragraph_before_any_training(splits, message):
     with pytest.raises(ConfigError, match=re.escape(message)):
         T.resolve_task_run(split_config(splits=splits))
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        [
+            "task=selective_copy",
+            "pos=cope",
+            "eval.splits={selective_copy: {dense: {blanks: 0.5}, sparse: {blanks: 2.0}}}",
+        ],
+        ["+experiment=content_tasks", "task=selective_copy", "pos=cope"],
+    ],
+)
+def test_splits_are_given_as_the_docs_write_them(overrides):
+    """The command line of docs/evaluation.md and the content_tasks preset reach the run as its own
+    task's splits (Hydra refuses new keys under an empty mapping, so the default is null)."""
+    import os
+
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from tests.conftest import ROOT
+
+    with initialize_config_dir(config_dir=os.path.join(ROOT, "conf"), version_base="1.3"):
+        cfg = compose(config_name="task_run", overrides=overrides)
+    run = T.resolve_task_run(OmegaConf.to_container(cfg, resolve=True))
+    assert run.eval.splits == {"dense": {"blanks": 0.5}, "sparse": {"blanks": 2.0}}
