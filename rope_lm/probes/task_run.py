@@ -531,16 +531,7 @@ def run_task(run: TaskRun, out_dir: str, logger=None, progress: dict | None = No
         "eval_seconds": round(time.perf_counter() - t1, 2),
         "seconds": round(time.perf_counter() - t0, 2),
         "train_overlap": {str(s): n for s, n in overlaps.items() if n},
-        **score(
-            run.sizes,
-            task,
-            tests,
-            scored,
-            run.eval.bootstrap,
-            run.seed,
-            run.eval.examples,
-            write=lambda kept: greedy_answers(model, task, vocab, kept, run.eval.batch_size, device),
-        ),
+        **scored_with_examples(run, model, task, vocab, tests, scored, device),
         "config": run.raw,
         "status": Status.COMPLETE,
     }
@@ -574,18 +565,24 @@ def score_splits(run: TaskRun, model, vocab, seen: set, device, progress: dict) 
         scored = evaluate_sizes(model, task, vocab, tests, run.eval.batch_size, device)
         out[name] = {
             "task_options": dict(overrides),
-            **score(
-                run.sizes,
-                task,
-                tests,
-                scored,
-                run.eval.bootstrap,
-                run.seed,
-                run.eval.examples,
-                write=lambda kept, task=task: greedy_answers(model, task, vocab, kept, run.eval.batch_size, device),
-            ),
+            **scored_with_examples(run, model, task, vocab, tests, scored, device),
         }
     return out
+
+
+def scored_with_examples(run: TaskRun, model, task, vocab, tests: dict, scored: dict, device) -> dict:
+    """score() of one test set under the run's settings, the failed examples it keeps written out
+    by greedy decoding."""
+    return score(
+        run.sizes,
+        task,
+        tests,
+        scored,
+        run.eval.bootstrap,
+        run.seed,
+        run.eval.examples,
+        write=lambda kept: greedy_answers(model, task, vocab, kept, run.eval.batch_size, device),
+    )
 
 
 # --- views ------------------------------------------------------------------------
