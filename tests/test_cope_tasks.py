@@ -193,7 +193,9 @@ def test_test_splits_score_the_trained_sizes_drawn_at_their_own_settings(tmp_pat
             drawn, _ = T.test_set(task, size, 3, 0, set(), split=name)
             assert all(len(p) == size + round(blanks * size) and p.count("_") == round(blanks * size) for p, _ in drawn)
     assert result["splits"]["sparse"]["buckets"] != result["buckets"]
-    assert "### Split sparse (blanks=2.0)" in (tmp_path / "run" / T.TASK_MD).read_text()
+    written = (tmp_path / "run" / T.TASK_MD).read_text()
+    main, sparse = written.split("### Split sparse (blanks=2.0)")[0], written.split("### Split sparse (blanks=2.0)")[1]
+    assert "| 1-2 | train |" in main and "| 1-2 | inside |" in sparse and "| train |" not in sparse
     # compare.py and the claims read a split as a task of its own, its trained sizes as `inside`
     compare_tasks([str(tmp_path / "run")], str(tmp_path / "cmp"))
     for rows in (P.task_rows([str(tmp_path / "cmp")]), P.task_rows([str(tmp_path / "run")])):

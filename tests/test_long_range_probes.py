@@ -377,3 +377,6 @@ def test_the_command_line_scores_an_imported_model(corpus, tiny_llama, tmp_path)
     assert [r["distance"] for r in record["repeated_span"]["rows"]] == [8, 32]
     assert record["key_tokens"]["evaluator"]["identity"]["weights"] == record["model"]["weights"]
     assert record["key_tokens"]["rows"][0]["length"] == 32 and "| distance |" in done.stdout
+    # The evaluator shares the weights but runs without the model's YaRN: the warning says so, not "the same model".
+    said = " ".join((done.stdout + done.stderr).split())
+    assert "has the weights of the model under test (under method none where the model under test runs yarn" in said

@@ -270,10 +270,17 @@ def run_long_range(s: LongRangeSettings, command: list[str] | None = None) -> di
         evaluator.model.validate_length(max(lengths))
         model.validate_length(max(lengths))
         if evaluator.identity == trained.identity:
+            # Same weights: the tokens are chosen by the model under test, as run or under another scaling; either
+            # way another model's key-token PPL compares with this one only under this same evaluator.
             log.warning(
-                "The key-token evaluator is the model under test itself: its key-token PPL is comparable with another "
-                "model's only when that one is scored with this same evaluator (key_tokens.evaluator=%s).",
+                "The key-token evaluator has the weights of the model under test (%s): its key-token PPL is comparable "
+                "with another model's only when that one is scored with this same evaluator (key_tokens.evaluator=%s "
+                "under method %s).",
+                "the same model, as run"
+                if same
+                else f"under method {_method(evaluator.model)} where the model under test runs {_method(model)}",
                 kt.evaluator,
+                _method(evaluator.model),
             )
         settings["key_tokens"] = {
             "evaluator_scaling": kt.evaluator_scaling,
@@ -397,7 +404,7 @@ def _new_record(s: LongRangeSettings, trained) -> dict:
         "model": trained.identity,
         "scheme": trained.scheme,
         "train_pos": trained.train_positions,
-        "method": getattr(model.scaling, "label", model.scaling.name),
+        "method": _method(model),
         "train_len": trained.train_len,
         "config": trained.settings,
     }
@@ -409,7 +416,7 @@ def _describe_evaluator(evaluator, kt: KeyTokenSettings) -> dict:
         "checkpoint": from_here(evaluator.path),
         "identity": evaluator.identity,
         "scheme": evaluator.scheme,
-        "method": getattr(evaluator.model.scaling, "label", evaluator.model.scaling.name),
+        "method": _method(evaluator.model),
         "scaling": kt.evaluator_scaling,
         "train_len": evaluator.train_len,
         "short": kt.short,
@@ -618,3 +625,8 @@ def report(record: dict, head: bool = True) -> str:
             )
         )
     return "\n\n".join(parts) + "\n"
+
+
+def _method(model) -> str:
+    """The extrapolation method a model runs, as its results name it."""
+    return getattr(model.scaling, "label", model.scaling.name)

@@ -613,18 +613,19 @@ def markdown(results: dict) -> str:
             "",
             f"The same sizes, drawn with {options} (eval.splits.{results['task']}.{name}).",
             "",
-        ] + _bucket_lines(split)
+        ] + _bucket_lines(split, inside="inside")
     return "\n".join(lines)
 
 
-def _bucket_lines(results: dict) -> list[str]:
+def _bucket_lines(results: dict, inside: str = "train") -> list[str]:
+    """The sizes table; `inside` labels the trained sizes (a split draws them at its own settings, so not "train")."""
     return [
         markdown_table(
             ["sizes", "where", "tokens ≤", "n", "exact match", "token accuracy"],
             [
                 [
                     b["label"],
-                    "train" if b["inside"] else "beyond",
+                    inside if b["inside"] else "beyond",
                     b["max_tokens"],
                     b["n"],
                     fmt_acc(b),
