@@ -21,6 +21,10 @@ checkpoint's own data settings (e.g. data.test_fraction), `device=cpu|cuda|auto`
 (the window-L control) on the same windows, and records each method's PPL over
 the control's with a paired interval; with `out=<a finished evaluation>
 existing=continue` it evaluates only the control.
+`out=<a finished evaluation> existing=continue 'rescore_units={yarn: [65536]}'`
+scores those kept rows' windows again for their per-window losses alone (an
+evaluation made before they were kept lacks them), so compare.py pairs them
+with another evaluation of the same model on the same windows.
 `data=<name>` evaluates on a conf/data corpus instead (e.g. data=pg19, with
 data.path= for a local copy).
 
@@ -170,6 +174,7 @@ def main(argv: list[str]):
         existing=cfg["existing"],
         scaled_layers=cfg["scaled_layers"],
         sliding_window=cfg["sliding_window"],
+        rescore_units=cfg["rescore_units"],
     )
     print("\n" + markdown_table(results))
     print(f"Results: {results['out_dir']}/ (results.json, results.md, ppl_vs_length.png)")

@@ -6,6 +6,7 @@ length, PAIR_COLUMNS); ppl_runs.load_csv_runs reads compare.csv back."""
 import math
 
 from rope_lm.compare.noise import HOLDS, WINDOW_CONTROL
+from rope_lm.compare.ppl_pairs import PAIRED_COLUMN, paired_cell
 from rope_lm.compare.ppl_series import (
     Group,
     control_verdict,
@@ -51,6 +52,7 @@ CSV_COLUMNS = [
     "train_pos",
     "trained_at",
     *CONTROL_COLUMNS,
+    PAIRED_COLUMN,  # against the other series of the same model, paired on the same windows (ppl_pairs)
 ]
 SEED_COLUMNS = [
     "group",
@@ -165,6 +167,7 @@ def csv_rows(groups: list[Group]) -> list[dict]:
                         "train_pos": s.train_pos,
                         "trained_at": s.trained_at or s.train_len,
                         **_control_cells(s.control(L)),
+                        PAIRED_COLUMN: paired_cell(g, s, L),
                     }
                 )
     return rows

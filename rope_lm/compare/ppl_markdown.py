@@ -6,6 +6,7 @@ within noise of the best, and each run against the window-L control."""
 import math
 
 from rope_lm.compare.noise import HOLDS, WINDOW_CONTROL, against_control
+from rope_lm.compare.ppl_pairs import window_pairs
 from rope_lm.compare.ppl_series import (
     Group,
     control_verdict,
@@ -91,6 +92,7 @@ def markdown(groups: list[Group], skipped: list[str], title: str) -> str:
         out += _seed_pair_section(g, lengths)
         out += _noise_section(g, lengths)
         out += _window_section(g, lengths)
+        out += _same_model_section(g, lengths)
     if skipped:
         out += ["## Jobs not complete or not readable (shown above only where some lengths were evaluated)", ""]
         out += [f"- {s}" for s in skipped] + [""]
@@ -302,5 +304,48 @@ def _own_control_section(g: Group, lengths: list[int]) -> list[str]:
         f"where it holds 1. The interval is the text's noise for this one trained model; across seeds see above.",
         "",
         markdown_table(["run"] + [f"{L} ({L / L0:g}×)" for L in past], rows),
+        "",
+    ]
+
+
+def _same_model_section(g: Group, lengths: list[int]) -> list[str]:
+    """Every two series of one model scored on the same windows (ppl_pairs), the first's PPL over the second's
+    with the paired interval: **lower** / higher where the interval excludes 1, tied where it holds 1."""
+    pairs = window_pairs(g)
+    rank = {s.label: i for i, s in enumerate(g.series)}
+
+    def first(label):  # the table's row order; a label only a committed CSV names goes last
+        return rank.get(label, len(rank)), label
+
+    names = sorted(
+        {tuple(sorted((a, b), key=first)) for (a, _), others in pairs.items() for b in others},
+        key=lambda ab: (first(ab[0]), first(ab[1])),
+    )
+    shown = [L for L in lengths if any((a, L) in pairs and b in pairs[(a, L)] for a, b in names)]
+    if not names or not shown:
+        return []
+
+    def cell(a, b, L):
+        p = pairs.get((a, L), {}).get(b)
+        if p is None:
+            return ""
+        text = f"{p['ratio']:.3f} [{p['lo']:.3f}, {p['hi']:.3f}]"
+        return f"**lower** ({text})" if p["hi"] < 1 else f"higher ({text})" if p["lo"] > 1 else f"tied ({text})"
+
+    units = sorted({p["units"] for others in pairs.values() for p in others.values() if p.get("units")})
+    L0 = g.key.train_len
+    return [
+        "### Methods on one model, paired on the same windows",
+        "",
+        f"Series evaluated with the same weights (one checkpoint or imported model, in one folder or several) and "
+        f"scored on the same windows: the first's PPL over the second's, with the 95% paired bootstrap interval "
+        f"over the {', '.join(map(str, units))} windows or documents both read; **lower** where the interval lies "
+        f"below 1, higher where above, tied where it holds 1. The text's difficulty cancels in the ratio, so this "
+        f"reads a method's effect more sharply than two overlapping PPL intervals.",
+        "",
+        markdown_table(
+            ["first / second"] + [f"{L} ({L / L0:g}×)" for L in shown],
+            [[f"{a} / {b}"] + [cell(a, b, L) for L in shown] for a, b in names],
+        ),
         "",
     ]

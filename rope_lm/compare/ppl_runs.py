@@ -8,6 +8,7 @@ import json
 import os
 
 from rope_lm.compare.labels import NOT_A_SETTING, flat_settings
+from rope_lm.compare.ppl_pairs import PAIRED_COLUMN, read_paired_cell
 from rope_lm.compare.ppl_series import GroupKey, Run, Series
 from rope_lm.compare.result_files import files_named, short_path
 from rope_lm.core.errors import ConfigError
@@ -100,6 +101,10 @@ def load_run(path: str) -> Run:
         del config["eval"]
     seed = config.get("seed")
     setting = settings_key(config, NOT_A_SETTING)
+    identity = config.get("model_identity")
+    model = json.dumps(identity, sort_keys=True) if identity else os.path.realpath(run.dir)
+    ev = results.get("eval") or {}
+    resampling = (int(ev.get("bootstrap") or 0), int(ev.get("seed") or 0))
     run.series = [
         Series(
             run_dir=run.dir,
@@ -111,6 +116,9 @@ def load_run(path: str) -> Run:
             setting=f"{results['scheme']}|{m}|{setting}",
             flat_config=flat_settings(config),
             train_pos=train_positions_label(config.get("train_pos")),
+            model=model,
+            is_control=bool((results.get("methods") or {}).get(m, {}).get("control")),
+            resampling=resampling,
         )
         for m, rows in by_method.items()
     ]
@@ -249,6 +257,8 @@ def load_csv_runs(path: str, labels: list[str] | None = None) -> list[Run]:
             length=int(r["length"]),
             **csv_control(r),
         )
+        if r.get(PAIRED_COLUMN):  # computed from units this CSV's folders kept, which may be gone: kept as written
+            row[PAIRED_COLUMN] = read_paired_cell(r[PAIRED_COLUMN])
         series.rows[int(r["length"])] = row
     for run in runs.values():
         for s in run.series:

@@ -67,6 +67,11 @@ class Series:
     flat_config: dict = field(default_factory=dict)  # the run's config as dotted keys (labels.flat_settings)
     given_label: str = ""  # a committed compare.csv's label, kept as it is
     trained_at: int | None = None  # a reference row's own training length (train_len is its table's)
+    # The weights it was evaluated with (ppl_pairs: series of one model are paired on the same windows): the
+    # evaluation's model_identity, or a training run's folder; "" where unknown (a committed compare.csv).
+    model: str = ""
+    is_control: bool = False  # its run's own control (eval.controls), paired with the run's methods already
+    resampling: tuple[int, int] = (0, 0)  # the evaluation's bootstrap resamples and seed
 
     def ppl(self, length):
         row = self.rows.get(length)
@@ -161,6 +166,7 @@ class Run:
 class Group:
     key: GroupKey
     runs: list[Run]
+    window_pairs: dict | None = None  # ppl_pairs.window_pairs, computed once
 
     @property
     def series(self) -> list[Series]:

@@ -45,8 +45,10 @@ def _number(v):
 
 
 def _read_csv(path: str) -> list[dict]:
+    from rope_lm.compare.ppl_pairs import PAIRED_COLUMN, read_paired_cell
+
     with open(path, newline="") as f:
-        return [
+        rows = [
             {
                 k: _number(v)
                 if k
@@ -69,6 +71,10 @@ def _read_csv(path: str) -> list[dict]:
             }
             for row in csv.DictReader(f)
         ]
+    for row in rows:
+        if PAIRED_COLUMN in row:
+            row[PAIRED_COLUMN] = read_paired_cell(row[PAIRED_COLUMN])
+    return rows
 
 
 def ppl_rows(paths: list[str]) -> list[dict]:

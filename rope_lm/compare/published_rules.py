@@ -34,6 +34,7 @@ import math
 import random
 
 from rope_lm.compare.noise import WINDOW_CONTROL, seed_interval
+from rope_lm.compare.ppl_pairs import PAIRED_COLUMN, read_paired_cell
 from rope_lm.core.errors import ConfigError
 
 MATCHED, NOT_MATCHED, NOT_ROBUST, TIED, NOT_COMPARABLE = (
@@ -104,7 +105,22 @@ def _series(rows: list[dict], name: str, train_len: str = "min") -> dict[float, 
                     min(x if isinstance(x, float) else r[c] for x, r in zip(lows, v)),
                     max(x if isinstance(x, float) else r[c] for x, r in zip(highs, v)),
                 )
+        if len(v) == 1:  # one model: its PPL against the others of that model on the same windows (ppl_pairs)
+            out[k]["label"] = v[0].get("label")
+            out[k]["paired"] = read_paired_cell(v[0].get(PAIRED_COLUMN))
     return out
+
+
+def _window_pair(a: dict, b: dict) -> dict | None:
+    """PPL of point a over point b's, paired on the same windows of one model: {ratio, lo, hi, units}; None
+    where they are not two series of one model that kept their windows."""
+    mine = (a.get("paired") or {}).get(b.get("label"))
+    if mine is not None:
+        return mine
+    theirs = (b.get("paired") or {}).get(a.get("label"))
+    if theirs is None:
+        return None
+    return {"ratio": 1 / theirs["ratio"], "lo": 1 / theirs["hi"], "hi": 1 / theirs["lo"], "units": theirs["units"]}
 
 
 class Ambiguous(Exception):
@@ -224,7 +240,13 @@ def _shown(name: str, point: dict, metric: str) -> str:
 
 def _separated(better: dict, worse: dict, metric: str) -> bool | None:
     """True: `better` is lower beyond both bands; False: higher beyond them;
-    None: the bands overlap (noise decides)."""
+    None: the bands overlap (noise decides). Two series of one model scored
+    on the same windows are read on the paired interval of their PPL ratio
+    instead (below 1, above 1, or holding 1): the text's difficulty is no
+    noise between them."""
+    pair = _pair(better, worse, metric)
+    if pair is not None:
+        return None if pair["lo"] <= 1 <= pair["hi"] else pair["hi"] < 1
     b, w = better[f"{metric}_band"], worse[f"{metric}_band"]
     if b[1] >= w[0] and w[1] >= b[0]:
         return None
@@ -234,18 +256,35 @@ def _separated(better: dict, worse: dict, metric: str) -> bool | None:
 def _ordered(points: dict[str, dict], order: list[str], metric: str) -> tuple[str, str]:
     """(verdict, what decided it) for the claim that `order` runs from the lowest
     `metric` up: every neighbour pair must be separated beyond its bands."""
-    tied, reversed_ = [], []
+    tied, reversed_, paired = [], [], []
     for a, b in zip(order, order[1:]):
         sep = _separated(points[a], points[b], metric)
+        pair = _pair(points[a], points[b], metric)
+        if pair is not None:
+            paired.append(f"{a} / {b} {_paired_text(pair)}")
         if sep is None:
             tied.append(f"{a} ~ {b}")
         elif not sep:
             reversed_.append(f"{b} < {a}")
     why = "; ".join(
-        ([f"reversed beyond the intervals: {', '.join(reversed_)}"] if reversed_ else [])
+        ([f"paired on the same windows: {', '.join(paired)}"] if paired else [])
+        + ([f"reversed beyond the intervals: {', '.join(reversed_)}"] if reversed_ else [])
         + ([f"within the intervals: {', '.join(tied)}"] if tied else [])
     )
     return (NOT_MATCHED if reversed_ else TIED if tied else MATCHED), why
+
+
+def _pair(a: dict, b: dict, metric: str = "ppl") -> dict | None:
+    return _window_pair(a, b) if metric == "ppl" else None
+
+
+def _decidable(a: dict, b: dict, metric: str) -> bool:
+    """Both have intervals (or seeds), or they are one model's two series paired on the same windows."""
+    return _pair(a, b, metric) is not None or (f"{metric}_band" in a and f"{metric}_band" in b)
+
+
+def _paired_text(pair: dict) -> str:
+    return f"{pair['ratio']:.3f} [{pair['lo']:.3f}, {pair['hi']:.3f}] over {pair['units']} windows or documents"
 
 
 @rule(
@@ -253,7 +292,8 @@ def _ordered(points: dict[str, dict], order: list[str], metric: str) -> tuple[st
     lambda c: (
         f"{c.get('metric', 'ppl')} at {c['multiplier']} x L"
         f"{', in the fine-tuned runs' if c.get('train_len') == 'max' else ''}: "
-        f"{' < '.join(c['order'])}, each pair apart beyond the intervals"
+        f"{' < '.join(c['order'])}, each pair apart beyond the intervals (for two series of one model, the "
+        f"paired interval of their ratio on the same windows)"
     ),
 )
 def ppl_order(claim: dict, rows: list[dict]) -> Verdict:
@@ -269,7 +309,8 @@ def ppl_order(claim: dict, rows: list[dict]) -> Verdict:
         points[name] = p
     ours = sorted(points, key=lambda n: points[n][metric])
     shown = " < ".join(_shown(n, points[n], metric) for n in ours)
-    if not all(f"{metric}_band" in p for p in points.values()):
+    order = list(claim["order"])
+    if not all(_decidable(points[a], points[b], metric) for a, b in zip(order, order[1:])):
         # One seed and no intervals: nothing tells the order from noise.
         return Verdict(
             f"{shown} ({metric} at {k:g} x L); no intervals or seeds in this study to tell the order from noise",
@@ -657,7 +698,8 @@ def _accuracy_series(rows: list[dict], name: str, task: str) -> dict[int, dict]:
     ("better", "worse", "multiplier"),
     lambda c: (
         f"{c.get('metric', 'ppl')} at {c['multiplier']} x L: each of {', '.join(c['better'])} below "
-        f"{c['worse']}, beyond the intervals"
+        f"{c['worse']}, beyond the intervals (for two series of one model, the paired interval of their ratio on "
+        f"the same windows)"
     ),
 )
 def each_below(claim: dict, rows: list[dict]) -> Verdict:
@@ -673,9 +715,12 @@ def each_below(claim: dict, rows: list[dict]) -> Verdict:
         ", ".join(_shown(n, points[n], metric) for n in claim["better"])
         + f" vs {_shown(claim['worse'], worse, metric)} ({metric} at {k:g} x L)"
     )
-    if not all(f"{metric}_band" in p for p in points.values()):
+    if not all(_decidable(points[n], worse, metric) for n in claim["better"]):
         return Verdict(f"{shown}; no intervals or seeds to tell them from noise", NOT_COMPARABLE)
     sep = {n: _separated(points[n], worse, metric) for n in claim["better"]}
+    paired = [f"{n} / {claim['worse']} {_paired_text(p)}" for n in claim["better"] if (p := _pair(points[n], worse))]
+    if paired:
+        shown += "; paired on the same windows: " + ", ".join(paired)
     if any(v is False for v in sep.values()):
         return Verdict(
             shown + "; above it beyond the intervals: " + ", ".join(n for n, v in sep.items() if v is False),

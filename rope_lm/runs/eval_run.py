@@ -158,6 +158,7 @@ def evaluate_and_report(
     finish: str = "",
     controls: list[str] = (),
     control_window: int | None = None,
+    rescore_units: dict[str, list[int]] | None = None,
 ) -> dict:
     """ppl@L for each extrapolation method in turn, then for each control
     (`controls`, names of CONTROLS) on the same model and windows; the results
@@ -171,7 +172,10 @@ def evaluate_and_report(
     on (rows kept from an earlier sitting are scored once more for their
     per-window losses, which results.json does not hold). A stop (SIGTERM,
     Ctrl-C) raises Interrupted saying what was kept and, with `finish`, how to
-    finish."""
+    finish. `rescore_units` (method label -> lengths, checked by
+    check_rescore_units) scores those kept rows' windows again for their
+    per-window losses alone, kept in eval_units.npz for compare.py to pair
+    with another evaluation of the same model (ppl_pairs); the rows stay."""
     original = model.scaling
     stream = cache.tokens(eval_cfg.split)
     lengths = eval_cfg.resolve_lengths(results["train_len"])
@@ -199,6 +203,7 @@ def evaluate_and_report(
     for r in results["results"]:
         if r["method"] not in kept and r["method"] in results["methods"]:
             partial.setdefault(r["method"], {})[r["length"]] = r
+    options_of = {k: v.get("options") for k, v in results["methods"].items()}  # a part-way method's too
     results["methods"] = {k: v for k, v in results["methods"].items() if k in kept}
     results["results"] = [r for r in results["results"] if r["method"] in kept]
     pairing = _Pairing(results, applied, eval_cfg)
@@ -220,6 +225,19 @@ def evaluate_and_report(
     label = None
     try:
         with signals_stop():
+            # Asked for, so first: kept rows' windows scored again, for compare.py to pair with another evaluation.
+            for label, wanted in (rescore_units or {}).items():
+                todo = sorted(L for L in wanted if L not in pairing.units.get(label, {}))
+                if not todo:
+                    log.info("[%s] its per-window losses at %s are kept already (%s)", label, wanted, UNITS_NPZ)
+                    continue
+                log.info(
+                    "[%s] scoring its windows at %s again for their per-window losses (rescore_units)", label, todo
+                )
+                model.set_scaling(options_of[label])
+                got = pairing.rescore(model, stream, results["train_len"], doc_starts, label, only=todo)
+                pairing.units.setdefault(label, {}).update(got)
+                save_units(units_path, pairing.units)
             for i, options in enumerate(everything):
                 model.set_scaling(options)
                 label = model.scaling.label
@@ -370,13 +388,17 @@ class _Pairing:
                         missing |= {x for x in (method, control) if length not in self.units.get(x, {})}
         return sorted(missing, key=list(self.results["methods"]).index)
 
-    def rescore(self, model, stream, train_len: int, doc_starts, label: str) -> dict:
-        """The units of `label`'s evaluation, scored again (no intervals, no extra sliding pass); its kept rows
-        stay as they were, and a PPL that differs from them is said."""
+    def rescore(self, model, stream, train_len: int, doc_starts, label: str, only: list[int] | None = None) -> dict:
+        """The units of `label`'s evaluation, scored again (no intervals, no extra sliding pass), at every length
+        or at the lengths `only` (the others passed over as kept, so the documents chosen stay those of the whole
+        evaluation); its kept rows stay as they were, and a PPL that differs from them is said."""
         units: dict = {}
         cfg = self.eval_cfg
         quick = replace(cfg, bootstrap=0, sliding_stride=None if cfg.protocol == "stream" else cfg.sliding_stride)
-        rows = evaluate_lengths(model, stream, quick, train_len, doc_starts=doc_starts, units_out=units)
+        skip = {} if only is None else {r["length"]: r for r in self.results["results"] if r["method"] == label}
+        skip = {L: r for L, r in skip.items() if L not in (only or ())}
+        rows = evaluate_lengths(model, stream, quick, train_len, doc_starts=doc_starts, units_out=units, kept=skip)
+        units = {L: u for L, u in units.items() if L not in skip}
         for row in rows:
             kept = self._row(label, row["length"])
             if kept is not None and not math.isclose(kept["ppl"], row["ppl"], rel_tol=1e-3):
@@ -433,6 +455,7 @@ def evaluate_checkpoint(
     existing: str = "refuse",
     scaled_layers=None,
     sliding_window: str = "auto",
+    rescore_units: dict | None = None,
 ) -> dict:
     """Re-use a trained checkpoint (or, with hf=, a transformers Llama-family
     model by local folder or hub name): ppl@L under each extrapolation method,
@@ -442,8 +465,10 @@ def evaluate_checkpoint(
     holds a part-way evaluation of the same settings, which is finished. The
     corpus defaults to the checkpoint's own (data.* for an imported model),
     tokenized with the tokenizer the model carries. Every setting is checked
-    before a folder is made."""
+    before a folder is made. `rescore_units` (with existing=continue): kept
+    rows whose per-window losses are scored again (check_rescore_units)."""
     eval_cfg, controls, control_window = eval_settings(eval_options)
+    rescore_units = rescore_shape(rescore_units, existing)
     data_overrides = typed(data_overrides or {}, DATA_ANNOTATIONS, "data.", "data")
     methods = [typed_component(METHODS, m or {"name": "none"}, "scaling") for m in methods]
     if scaled_layers is not None and not hf:
@@ -530,8 +555,15 @@ def evaluate_checkpoint(
         # A BPE trained on another split (or corpus) cuts this text into other tokens than the models trained
         # on this one, so per-token PPL is not comparable with theirs: compare.tokenizer_id tells them apart.
         config["tokenizer_trained_on"] = trained_on
+    if rescore_units and earlier is None:
+        raise ConfigError(
+            f"rescore_units={rescore_units} scores again the windows of rows an earlier evaluation kept, but "
+            f"out={out_dir} holds no evaluation to continue. Give the folder of that evaluation as out=, or leave "
+            f"rescore_units out."
+        )
     if earlier is not None:
         _check_same_evaluation(earlier, config, out_dir)
+        check_rescore_units(rescore_units, earlier, out_dir)
         results = earlier
     else:
         results = new_results(config, cache.corpus, model.cfg.train_len, scheme_label(hp["pos"], hp.get("model")))
@@ -551,6 +583,7 @@ def evaluate_checkpoint(
             finish=finish,
             controls=controls,
             control_window=control_window,
+            rescore_units=rescore_units,
         )
     except OutputError as e:  # a full disk part-way: results.json keeps what it could record before
         if not os.path.exists(folder.file(RESULTS_JSON)):
@@ -560,6 +593,57 @@ def evaluate_checkpoint(
             then=f"finish it: run the same command again with out={out_dir} existing=continue (the complete "
             f"methods in its results.json are kept)",
         ) from None
+
+
+def rescore_shape(value, existing: str) -> dict[str, list[int]] | None:
+    """rescore_units as {method label: [lengths]}, checked for its form before any work."""
+    if value in (None, {}):
+        return None
+
+    def lengths_ok(v) -> bool:
+        return (
+            isinstance(v, (list, tuple))
+            and bool(v)
+            and all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in v)
+        )
+
+    if not isinstance(value, dict) or not all(isinstance(k, str) and lengths_ok(v) for k, v in value.items()):
+        raise ConfigError(
+            f"rescore_units={value!r} must map a method's label to the lengths whose windows are scored again, "
+            f"e.g. 'rescore_units={{yarn: [65536]}}': the rows stay as they are, and their per-window losses are kept "
+            f"in {UNITS_NPZ} so that compare.py can pair them with another evaluation of the same model."
+        )
+    if existing != "continue":
+        raise ConfigError(
+            f"rescore_units={value} scores again rows an earlier evaluation kept: give that evaluation's folder as "
+            f"out= with existing=continue (now existing={existing})."
+        )
+    return {k: sorted(set(v)) for k, v in value.items()}
+
+
+def check_rescore_units(value: dict | None, earlier: dict, out_dir: str) -> None:
+    """Each label of rescore_units names a method out_dir evaluated, at lengths it holds rows for."""
+    for label, wanted in (value or {}).items():
+        held = sorted(r["length"] for r in earlier.get("results", []) if r["method"] == label)
+        if not held:
+            raise ConfigError(
+                f"rescore_units names {label!r}, which out={out_dir} has no rows of (its methods: "
+                f"{', '.join(earlier.get('methods') or {}) or 'none'}). Name a method as its results label it."
+            )
+        ev = earlier.get("eval") or {}
+        expected = [L for L in ev.get("lengths") or [] if L not in (ev.get("skipped_lengths") or [])]
+        if any(L not in held for L in expected):
+            raise ConfigError(
+                f"rescore_units names {label}, which out={out_dir} evaluated part-way (rows at {held} of "
+                f"{expected}): finish it first with existing=continue alone, which keeps the windows of every row it "
+                f"adds, then score the earlier rows again."
+            )
+        missing = [L for L in wanted if L not in held]
+        if missing:
+            raise ConfigError(
+                f"rescore_units asks for {label} at {missing}, where out={out_dir} holds its rows at {held} only: "
+                f"rows not yet evaluated are evaluated by existing=continue itself, their windows kept."
+            )
 
 
 def _check_same_evaluation(earlier: dict, config: dict, out_dir: str) -> None:
