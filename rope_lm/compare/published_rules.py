@@ -578,7 +578,10 @@ def task_mrr(claim: dict, rows: list[dict]) -> Verdict:
 
 @rule(
     ("series", "reference"),
-    lambda c: f"PPL of {c['series']} above {c['reference']}'s at every evaluated length, beyond the intervals",
+    lambda c: (
+        f"PPL of {c['series']} above {c['reference']}'s at every evaluated length, beyond the intervals (for two "
+        f"series of one model, the paired interval of their ratio on the same windows)"
+    ),
 )
 def worse_everywhere(claim: dict, rows: list[dict]) -> Verdict:
     """The series has a higher PPL than the reference at every length both were
@@ -588,9 +591,11 @@ def worse_everywhere(claim: dict, rows: list[dict]) -> Verdict:
     if not ks:
         return Verdict(f"no length with both {claim['series']} and {claim['reference']}", NOT_COMPARABLE)
     shown = "; ".join(
-        f"{k:g} x L: {_shown(claim['series'], s[k], 'ppl')} vs {_shown(claim['reference'], ref[k], 'ppl')}" for k in ks
+        f"{k:g} x L: {_shown(claim['series'], s[k], 'ppl')} vs {_shown(claim['reference'], ref[k], 'ppl')}"
+        + (f" (ratio {_paired_text(p)}, paired)" if (p := _pair(s[k], ref[k])) else "")
+        for k in ks
     )
-    if not all("ppl_band" in s[k] and "ppl_band" in ref[k] for k in ks):
+    if not all(_decidable(s[k], ref[k], "ppl") for k in ks):
         return Verdict(f"{shown}; no intervals or seeds in this study to tell them from noise", NOT_COMPARABLE)
     sep = {k: _separated(ref[k], s[k], "ppl") for k in ks}
     better = [f"{k:g}" for k, v in sep.items() if v is False]
