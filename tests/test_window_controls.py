@@ -116,6 +116,13 @@ def test_eval_control_window_cuts_the_model_to_that_width_instead_of_its_trainin
     # The width of the training length is the plain control.
     same = evaluate(tiny("rope"), stream, tmp_path / "same", window=L)
     assert same["controls"]["window"]["options"]["window"] == "auto"
+    # A table names the narrower control's width; the plain one stays "+ window".
+    from rope_lm.compare.ppl_groups import group_runs
+    from rope_lm.compare.ppl_runs import load_runs
+
+    for folder, label in ((tmp_path, f"tiny + window ({L // 2} keys)"), (tmp_path / "same", "tiny + window")):
+        runs, _ = load_runs([str(folder / "results.json")])
+        assert [s.label for s in group_runs(runs, False)[0].series] == ["tiny", label]
 
 
 def test_the_paired_ratio_equals_a_hand_computation_on_the_units(stream, tmp_path):

@@ -102,7 +102,8 @@ def _label(g: Group):
     ):
         entries = [(0, run_name(s.scheme, s.method, s.train_pos), s.flat_config, s.run_dir, s.seed) for s in part]
         for s, label in zip(part, distinct_labels(entries)):
-            s.label = label + ("" if s.trained_at is None else f" (trained at {s.trained_at})")
+            width = f" ({s.control_width} keys)" if s.control_width else ""
+            s.label = label + width + ("" if s.trained_at is None else f" (trained at {s.trained_at})")
     given = {s.given_label for s in g.series if s.given_label}
     for s in g.series:
         if s.given_label:

@@ -118,6 +118,7 @@ def load_run(path: str) -> Run:
             train_pos=train_positions_label(config.get("train_pos")),
             model=model,
             is_control=bool((results.get("methods") or {}).get(m, {}).get("control")),
+            control_width=_control_width((results.get("methods") or {}).get(m, {}), key.train_len),
             resampling=resampling,
         )
         for m, rows in by_method.items()
@@ -126,6 +127,13 @@ def load_run(path: str) -> Run:
         s.reference_ppl = _reference(s, run.series)
         s.reference_self = s.ppl(s.train_len) is not None
     return run
+
+
+def _control_width(method: dict, train_len: int) -> int | None:
+    """The width of a window control cut narrower than the table's L (a model fine-tuned at 1,024 read against
+    itself cut to its base's 64 keys), so its row says so; None for any other series."""
+    width = method.get("window")
+    return width if method.get("control") and isinstance(width, int) and width != train_len else None
 
 
 def _protocol(results: dict) -> str:

@@ -71,6 +71,7 @@ class Series:
     # evaluation's model_identity, or a training run's folder; "" where unknown (a committed compare.csv).
     model: str = ""
     is_control: bool = False  # its run's own control (eval.controls), paired with the run's methods already
+    control_width: int | None = None  # a window control's width where it is not the table's L (eval.control_window)
     resampling: tuple[int, int] = (0, 0)  # the evaluation's bootstrap resamples and seed
 
     def ppl(self, length):

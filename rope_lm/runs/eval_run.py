@@ -226,7 +226,7 @@ def evaluate_and_report(
     try:
         with signals_stop():
             # Asked for, so first: kept rows' windows scored again, for compare.py to pair with another evaluation.
-            for label, wanted in (rescore_units or {}).items():
+            for label, wanted in (rescore_units or {}).items():  # `label`: a stop here names it
                 todo = sorted(L for L in wanted if L not in pairing.units.get(label, {}))
                 if not todo:
                     log.info("[%s] its per-window losses at %s are kept already (%s)", label, wanted, UNITS_NPZ)
