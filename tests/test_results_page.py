@@ -256,7 +256,7 @@ def test_a_changed_csv_makes_its_block_stale_and_regenerating_mends_it(tmp_path)
     [
         (
             "docs/results/pe_pg19_6000/compare.csv",
-            "kind one of ppl, rel, summary, window, control, seeds, accuracy, effective, md, search, lm_eval",
+            "kind one of ppl, rel, summary, window, control, pairs, seeds, accuracy, effective, md, search, lm_eval",
         ),
         ("docs/results/pe_pg19_6000/compare.csv seeds", "no compare_seeds.csv with relative PPL"),
         ("docs/results/nowhere/compare.csv ppl", "does not exist"),

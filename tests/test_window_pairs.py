@@ -15,6 +15,7 @@ from rope_lm.compare import published_rules as R
 from rope_lm.compare.ppl import compare
 from rope_lm.compare.ppl_pairs import PAIRED_COLUMN
 from rope_lm.compare.published import ppl_rows
+from rope_lm.core.errors import ConfigError
 from rope_lm.eval.bootstrap import Units
 from rope_lm.eval.units_file import UNITS_NPZ, load_units, save_units
 from tests import forked
@@ -87,6 +88,12 @@ def test_two_folders_of_one_model_are_paired_exactly_where_the_bands_overlap(tmp
     md = (tmp_path / "cmp" / "compare.md").read_text()
     assert "### Methods on one model, paired on the same windows" in md
     assert f"| {label_a} / {label_b} | **lower** (0.905 [0.905, 0.905]) |" in md
+    # The results page renders the same table from compare.csv alone (a `pairs` block).
+    from rope_lm.compare.results_page import render
+
+    assert render(f"{tmp_path / 'cmp' / 'compare.csv'} pairs") == (
+        f"| first / second | 32 (2×) |\n|---|---|\n| {label_a} / {label_b} | **lower** (0.905 [0.905, 0.905]) |"
+    )
 
     for source in ([str(tmp_path / "cmp")], [str(tmp_path / "cmp" / "compare.csv")]):  # as check_published reads
         found = ppl_rows(source)
@@ -117,6 +124,24 @@ def test_other_weights_or_other_windows_are_not_paired_and_the_bands_decide(tmp_
         rows = ppl_rows([str(tmp_path / name / "cmp")])
         verdict = R.ppl_order(claim_of(rows), rows)
         assert verdict.verdict == R.TIED and "paired" not in verdict.ours, (name, verdict.ours)
+
+
+def test_identical_rows_say_nothing_and_a_page_block_without_pairs_is_refused(tmp_path):
+    """A method that changes nothing at a length has the plain model's rows there: 1.000 [1.000, 1.000] is left
+    out of the table; a `pairs` block over a comparison with no pair says why in one paragraph."""
+    from rope_lm.compare.ppl_pairs import pairs_table
+    from rope_lm.compare.results_page import render
+
+    same = {"ratio": 1.0, "lo": 1.0, "hi": 1.0, "units": 3}
+    other = {"ratio": 0.9, "lo": 0.8, "hi": 0.95, "units": 3}
+    assert pairs_table({("a", 32): {"b": same}, ("b", 32): {"a": same}}, ["a", "b"], [32], 16) == ""
+    table = pairs_table({("a", 32): {"b": same}, ("a", 64): {"b": other}}, ["a", "b"], [32, 64], 16)
+    assert table == "| first / second | 64 (4×) |\n|---|---|\n| a / b | **lower** (0.900 [0.800, 0.950]) |"
+    a = _folder(tmp_path / "one", None, LOSS)
+    b = _folder(tmp_path / "two", "all", LOSS, identity="w2")
+    compare([a, b], str(tmp_path / "cmp"))
+    with pytest.raises(ConfigError, match="has no series of one model paired on the same windows"):
+        render(f"{tmp_path / 'cmp' / 'compare.csv'} pairs")
 
 
 def test_a_run_and_its_own_control_are_not_paired_again(tmp_path):

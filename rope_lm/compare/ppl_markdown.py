@@ -6,7 +6,7 @@ within noise of the best, and each run against the window-L control."""
 import math
 
 from rope_lm.compare.noise import HOLDS, WINDOW_CONTROL, against_control
-from rope_lm.compare.ppl_pairs import window_pairs
+from rope_lm.compare.ppl_pairs import pairs_table, window_pairs
 from rope_lm.compare.ppl_series import (
     Group,
     control_verdict,
@@ -310,30 +310,12 @@ def _own_control_section(g: Group, lengths: list[int]) -> list[str]:
 
 def _same_model_section(g: Group, lengths: list[int]) -> list[str]:
     """Every two series of one model scored on the same windows (ppl_pairs), the first's PPL over the second's
-    with the paired interval: **lower** / higher where the interval excludes 1, tied where it holds 1."""
+    with the paired interval."""
     pairs = window_pairs(g)
-    rank = {s.label: i for i, s in enumerate(g.series)}
-
-    def first(label):  # the table's row order; a label only a committed CSV names goes last
-        return rank.get(label, len(rank)), label
-
-    names = sorted(
-        {tuple(sorted((a, b), key=first)) for (a, _), others in pairs.items() for b in others},
-        key=lambda ab: (first(ab[0]), first(ab[1])),
-    )
-    shown = [L for L in lengths if any((a, L) in pairs and b in pairs[(a, L)] for a, b in names)]
-    if not names or not shown:
+    table = pairs_table(pairs, [s.label for s in g.series], lengths, g.key.train_len)
+    if not table:
         return []
-
-    def cell(a, b, L):
-        p = pairs.get((a, L), {}).get(b)
-        if p is None:
-            return ""
-        text = f"{p['ratio']:.3f} [{p['lo']:.3f}, {p['hi']:.3f}]"
-        return f"**lower** ({text})" if p["hi"] < 1 else f"higher ({text})" if p["lo"] > 1 else f"tied ({text})"
-
     units = sorted({p["units"] for others in pairs.values() for p in others.values() if p.get("units")})
-    L0 = g.key.train_len
     return [
         "### Methods on one model, paired on the same windows",
         "",
@@ -343,9 +325,6 @@ def _same_model_section(g: Group, lengths: list[int]) -> list[str]:
         f"below 1, higher where above, tied where it holds 1. The text's difficulty cancels in the ratio, so this "
         f"reads a method's effect more sharply than two overlapping PPL intervals.",
         "",
-        markdown_table(
-            ["first / second"] + [f"{L} ({L / L0:g}×)" for L in shown],
-            [[f"{a} / {b}"] + [cell(a, b, L) for L in shown] for a, b in names],
-        ),
+        table,
         "",
     ]

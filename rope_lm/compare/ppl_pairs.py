@@ -18,6 +18,7 @@ import os
 import numpy as np
 
 from rope_lm.compare.ppl_series import Group, Series
+from rope_lm.core.tables import markdown_table
 from rope_lm.eval import bootstrap
 from rope_lm.eval.units_file import UNITS_NPZ, load_units
 
@@ -94,3 +95,40 @@ def read_paired_cell(value) -> dict:
     if value in (None, ""):
         return {}
     return json.loads(value) if isinstance(value, str) else dict(value)
+
+
+def pairs_table(pairs: dict[tuple[str, int], dict[str, dict]], order: list[str], lengths: list[int], L0: int) -> str:
+    """The pairs as a markdown table, a row "first / second" per two series (in `order`, the table's rows;
+    a label only a committed CSV names goes last) and a column per length that has a pair: the ratio with its
+    interval, **lower** where it lies below 1, higher where above, tied where it holds 1; "" where none; ""
+    for no table at all."""
+    # Two series with the very same rows there (a method that changes nothing at that length, whose rows are the
+    # plain model's) say nothing: 1.000 [1.000, 1.000] is left out.
+    pairs = {
+        k: {b: p for b, p in others.items() if not p["ratio"] == p["lo"] == p["hi"] == 1.0}
+        for k, others in pairs.items()
+    }
+    rank = {label: i for i, label in enumerate(order)}
+
+    def first(label):
+        return rank.get(label, len(rank)), label
+
+    names = sorted(
+        {tuple(sorted((a, b), key=first)) for (a, _), others in pairs.items() for b in others},
+        key=lambda ab: (first(ab[0]), first(ab[1])),
+    )
+    shown = [L for L in lengths if any(b in pairs.get((a, L), {}) for a, b in names)]
+    if not names or not shown:
+        return ""
+
+    def cell(a, b, L):
+        p = pairs.get((a, L), {}).get(b)
+        if p is None:
+            return ""
+        text = f"{p['ratio']:.3f} [{p['lo']:.3f}, {p['hi']:.3f}]"
+        return f"**lower** ({text})" if p["hi"] < 1 else f"higher ({text})" if p["lo"] > 1 else f"tied ({text})"
+
+    return markdown_table(
+        ["first / second"] + [f"{L} ({L / L0:g}×)" for L in shown],
+        [[f"{a} / {b}"] + [cell(a, b, L) for L in shown] for a, b in names],
+    )

@@ -24,6 +24,9 @@ The marker names a file (relative to the repository root) and a kind:
   method is `window`) at each length past L_train: **yes** where a run's
   relative PPL is below the control's beyond both intervals, no where above,
   tied within (compare/noise.against_control);
+* ``pairs``: a compare.csv's series of one model against each other on the
+  same windows (its ``paired_with`` column, compare/ppl_pairs.py): the first's
+  PPL over the second's with the paired interval, **lower** / higher / tied;
 * ``seeds``: a compare_seeds.csv's schemes run with several seeds, one line
   each: mean ± sd over seeds of the PPL at L_train and at the whole
   multiples of it, then of each seed's PPL relative to its own at L_train;
@@ -58,6 +61,7 @@ import re
 
 from rope_lm.compare.noise import WINDOW_CONTROL, against_control
 from rope_lm.compare.ppl_markdown import fmt, with_ci
+from rope_lm.compare.ppl_pairs import PAIRED_COLUMN, pairs_table, read_paired_cell
 from rope_lm.compare.ppl_runs import csv_number, reference_row
 from rope_lm.compare.published_rules import MATCHED
 from rope_lm.core.errors import ConfigError
@@ -71,6 +75,7 @@ KINDS = (
     "summary",
     "window",
     "control",
+    "pairs",
     "seeds",
     "accuracy",
     "effective",
@@ -156,6 +161,8 @@ def render(spec: str, root: str = ".") -> str:
         return _window(by, labels, lengths, L0, parts[0])
     if kind == "control":
         return _own_control(by, labels, lengths, L0, parts[0])
+    if kind == "pairs":
+        return _pairs(by, labels, lengths, L0, parts[0])
     key = ("ppl", "ppl_lo", "ppl_hi") if kind == "ppl" else ("ppl_rel", "ppl_rel_lo", "ppl_rel_hi")
 
     def cell(label, L):
@@ -264,6 +271,23 @@ def _own_control(by: dict, labels: list[str], lengths: list[int], L0: int, name:
     return markdown_table(
         ["run"] + [f"{L} ({L / L0:g}×)" for L in past], [[label] + [cell(label, L) for L in past] for label in runs]
     )
+
+
+def _pairs(by: dict, labels: list[str], lengths: list[int], L0: int, name: str) -> str:
+    """One model's series against each other on the same windows (compare.csv's paired_with, ppl_pairs)."""
+    pairs = {
+        (label, L): {b: p for b, p in read_paired_cell(r.get(PAIRED_COLUMN)).items() if b in labels}
+        for (label, L), r in by.items()
+        if label in labels
+    }
+    table = pairs_table({k: v for k, v in pairs.items() if v}, labels, lengths, L0)
+    if not table:
+        raise ConfigError(
+            f"{name} has no series of one model paired on the same windows (its {PAIRED_COLUMN} column is empty): "
+            f"their evaluations kept no per-window losses (eval_units.npz) for the same windows, or compare.py "
+            f"predates the column; regenerate it, or drop the block."
+        )
+    return table
 
 
 def _accuracy(path: str, name: str, options: dict) -> str:
