@@ -107,7 +107,7 @@ def test_two_folders_of_one_model_are_paired_exactly_where_the_bands_overlap(tmp
         # At 1 x L neither kept its windows: the two intervals decide there (the same PPL: tied).
         everywhere = R.worse_everywhere({"series": label_b, "reference": label_a}, found)
         assert everywhere.verdict == R.TIED and "within the intervals at 1 x L" in everywhere.ours
-        assert "(ratio 1.105 [1.105, 1.105] over 5 windows or documents, paired)" in everywhere.ours
+        assert "(ratio 1.105 [1.105, 1.105] over 5 documents, paired)" in everywhere.ours
 
 
 def test_other_weights_or_other_windows_are_not_paired_and_the_bands_decide(tmp_path):

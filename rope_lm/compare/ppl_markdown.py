@@ -316,12 +316,14 @@ def _same_model_section(g: Group, lengths: list[int]) -> list[str]:
     if not table:
         return []
     units = sorted({p["units"] for others in pairs.values() for p in others.values() if p.get("units")})
+    kinds = sorted({p["unit"] for others in pairs.values() for p in others.values() if p.get("unit")})
     return [
         "### Methods on one model, paired on the same windows",
         "",
         f"Series evaluated with the same weights (one checkpoint or imported model, in one folder or several) and "
         f"scored on the same windows: the first's PPL over the second's, with the 95% paired bootstrap interval "
-        f"over the {', '.join(map(str, units))} windows or documents both read; **lower** where the interval lies "
+        f"over the {', '.join(map(str, units))} {' or '.join(k + 's' for k in kinds) or 'windows'} both read; "
+        f"**lower** where the interval lies "
         f"below 1, higher where above, tied where it holds 1. The text's difficulty cancels in the ratio, so this "
         f"reads a method's effect more sharply than two overlapping PPL intervals.",
         "",

@@ -22,7 +22,7 @@ from rope_lm.core.tables import markdown_table
 from rope_lm.eval import bootstrap
 from rope_lm.eval.units_file import UNITS_NPZ, load_units
 
-PAIRED_COLUMN = "paired_with"  # compare.csv: JSON, the other series' label -> {ratio, lo, hi, units}
+PAIRED_COLUMN = "paired_with"  # compare.csv: JSON, the other series' label -> {ratio, lo, hi, units, unit}
 
 
 def _same_windows(a: bootstrap.Units, b: bootstrap.Units) -> bool:
@@ -68,17 +68,18 @@ def window_pairs(g: Group) -> dict[tuple[str, int], dict[str, dict]]:
                 r = bootstrap.paired_ratio(ua, ub, pa, pb, resamples, seed, length)
                 if r.get("lo") is None:
                     continue
+                common = {"units": r["units"], "unit": ua.kind}  # how many, and what: window, document, block
                 out.setdefault((a.label, length), {})[b.label] = {
                     "ratio": r["ratio"],
                     "lo": r["lo"],
                     "hi": r["hi"],
-                    "units": r["units"],
+                    **common,
                 }
                 out.setdefault((b.label, length), {})[a.label] = {
                     "ratio": 1 / r["ratio"],
                     "lo": 1 / r["hi"],
                     "hi": 1 / r["lo"],
-                    "units": r["units"],
+                    **common,
                 }
     g.window_pairs = out
     return out

@@ -120,7 +120,7 @@ def _window_pair(a: dict, b: dict) -> dict | None:
     theirs = (b.get("paired") or {}).get(a.get("label"))
     if theirs is None:
         return None
-    return {"ratio": 1 / theirs["ratio"], "lo": 1 / theirs["hi"], "hi": 1 / theirs["lo"], "units": theirs["units"]}
+    return {**theirs, "ratio": 1 / theirs["ratio"], "lo": 1 / theirs["hi"], "hi": 1 / theirs["lo"]}
 
 
 class Ambiguous(Exception):
@@ -284,7 +284,8 @@ def _decidable(a: dict, b: dict, metric: str) -> bool:
 
 
 def _paired_text(pair: dict) -> str:
-    return f"{pair['ratio']:.3f} [{pair['lo']:.3f}, {pair['hi']:.3f}] over {pair['units']} windows or documents"
+    unit = f"{pair['unit']}s" if pair.get("unit") else "windows or documents"
+    return f"{pair['ratio']:.3f} [{pair['lo']:.3f}, {pair['hi']:.3f}] over {pair['units']} {unit}"
 
 
 @rule(
