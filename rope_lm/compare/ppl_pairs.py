@@ -75,14 +75,14 @@ def window_pairs(g: Group) -> dict[tuple[str, int], dict[str, dict]]:
                     "hi": r["hi"],
                     **common,
                 }
-                out.setdefault((b.label, length), {})[a.label] = {
-                    "ratio": 1 / r["ratio"],
-                    "lo": 1 / r["hi"],
-                    "hi": 1 / r["lo"],
-                    **common,
-                }
+                out.setdefault((b.label, length), {})[a.label] = inverted(out[(a.label, length)][b.label])
     g.window_pairs = out
     return out
+
+
+def inverted(pair: dict) -> dict:
+    """The same pair read the other way round: the second's PPL over the first's, its interval flipped."""
+    return {**pair, "ratio": 1 / pair["ratio"], "lo": 1 / pair["hi"], "hi": 1 / pair["lo"]}
 
 
 def paired_cell(g: Group, s: Series, length: int) -> str | None:

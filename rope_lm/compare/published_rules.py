@@ -34,7 +34,7 @@ import math
 import random
 
 from rope_lm.compare.noise import WINDOW_CONTROL, seed_interval
-from rope_lm.compare.ppl_pairs import PAIRED_COLUMN, read_paired_cell
+from rope_lm.compare.ppl_pairs import PAIRED_COLUMN, inverted, read_paired_cell
 from rope_lm.core.errors import ConfigError
 
 MATCHED, NOT_MATCHED, NOT_ROBUST, TIED, NOT_COMPARABLE = (
@@ -120,7 +120,7 @@ def _window_pair(a: dict, b: dict) -> dict | None:
     theirs = (b.get("paired") or {}).get(a.get("label"))
     if theirs is None:
         return None
-    return {**theirs, "ratio": 1 / theirs["ratio"], "lo": 1 / theirs["hi"], "hi": 1 / theirs["lo"]}
+    return inverted(theirs)
 
 
 class Ambiguous(Exception):
