@@ -199,6 +199,39 @@ def test_gemma3_local_and_global_layers_keep_their_own_bases(tmp_path):
     assert ours.cfg.embed_scale == 64**0.5 and ours.cfg.attn_scale == 24**-0.5
 
 
+def test_a_longrope_search_is_seeded_from_the_layers_its_factors_act_on(tmp_path):
+    """Gemma 3's first layer is local (base 10k); LongRoPE acts on its global layers (base 1M), so the
+    search's PI, NTK and YaRN seeds are theirs: YaRN's ramp at base 10k would be another candidate."""
+    from types import SimpleNamespace
+
+    from rope_lm.eval.longrope_search import Evolution, constrain, seeds
+    from rope_lm.probes.diagnostics import checkpoint_rope_frequencies
+    from rope_lm.probes.search_run import _run
+
+    directory, _ = save_family(tmp_path, "gemma3")
+    ours, _, info = load_hf(directory)
+    train_len, target = info.settings["train_len"], 4 * info.settings["train_len"]
+    spec = ours.scaled_rotary()
+    assert (spec.rot_dim, spec.base) == (16, 1e6) and ours.pos_scheme.rotary.base == 1e4
+    # scripts/rope_decay.py's curve of a checkpoint is that of the same layers
+    assert "d=16, base 1e+06" in checkpoint_rope_frequencies(ours, 64)[2]
+
+    class Objective(SimpleNamespace):  # scripts/search.py's objective, scored without text
+        def __call__(self, config):
+            return float(sum(config["long_factor"]))
+
+    obj = Objective(model=ours, ratio=4.0, train_len=train_len, target=target)
+    kept = []
+    _run("longrope", obj, SimpleNamespace(seed=0), Evolution(3, 1, 1), str(tmp_path / "t.json"), [], kept)
+    yarn = next(r["factors"] for r in kept if r["origin"] == "yarn")
+    expected = {b: constrain(seeds(16, b, train_len, target)["yarn"], 4.0, 1.25) for b in (1e6, 1e4)}
+    assert yarn == pytest.approx(expected[1e6].tolist()) and yarn != pytest.approx(expected[1e4].tolist())
+
+    every, _, _ = load_hf(directory, scaled_layers="all")
+    with pytest.raises(ConfigError, match=r"different frequencies \(layers \[0, 2\]: 16 rotary dims at base 10000"):
+        every.scaled_rotary()
+
+
 def test_a_rhythm_that_does_not_divide_the_layers_is_a_cut_pattern(tmp_path):
     """Gemma 3 1B repeats 5 local + 1 global over 26 layers; here 1 + 1 over 5."""
     directory, theirs = save_family(tmp_path, "gemma3", num_hidden_layers=5, layer_types=GEMMA_TYPES + [SLIDING])

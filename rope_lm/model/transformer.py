@@ -403,14 +403,44 @@ class TransformerLM(nn.Module):
                 return False
         return True
 
+    @property
+    def method_scheme(self):
+        """The scheme of the first layer the current method acts on (a layout's first scaled layer: Gemma 3's
+        first global one), the first layer's where it acts on none."""
+        return self._layer_schemes[self.scaled_layers[0] if self.scaled_layers else 0]
+
+    def scaled_rotary(self):
+        """The rotary spec (rot_dim, base) of the layers a frequency method (PI, YaRN, LongRoPE, ...) acts
+        on: what sizes and seeds a per-pair setting such as LongRoPE's factors. Under a layout these are its
+        scaled layers (Gemma 3's global ones at base 1M, where the first layer is a local one at 10k).
+        Refuses layers whose frequencies differ, which no one list of factors fits."""
+        layers = (
+            range(len(self._layer_schemes))
+            if self.layout is None
+            else [i for i, s in enumerate(self.layout) if s.scaled]
+        )
+        found = {}
+        for i in layers:
+            spec = self._layer_schemes[i].rotary
+            if spec is not None:
+                found.setdefault((spec.rot_dim, spec.base), (spec, []))[1].append(i)
+        if len(found) != 1:
+            shown = "; ".join(f"layers {ls}: {d} rotary dims at base {b:g}" for (d, b), (_, ls) in found.items())
+            raise ConfigError(
+                "A frequency method would act on "
+                + (f"rotary layers of different frequencies ({shown})" if found else "no rotary layer")
+                + ", so no one per-pair setting fits them all. Let it act on layers of one kind (scripts/eval_extrapolation.py's "
+                "scaled_layers=; Gemma 3's default is its global layers), or use a model whose layers share one RoPE."
+            )
+        return next(iter(found.values()))[0]
+
     def validate_length(self, seq_len: int):
         _validate_length(seq_len, self.scaling, self._layer_schemes, self.scaled_layers, self.cfg.train_len)
 
     def describe_scaling(self, seq_len: int) -> dict:
         """The method's realized settings at seq_len (results.json), and under a
         layout the layers it acts on."""
-        first = self.scaled_layers[0] if self.scaled_layers else 0
-        out = self.scaling.describe(self._layer_schemes[first], self.context(seq_len))
+        out = self.scaling.describe(self.method_scheme, self.context(seq_len))
         if self.layout is not None:
             out["layers"] = list(self.scaled_layers)
         return out

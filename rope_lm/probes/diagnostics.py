@@ -337,8 +337,9 @@ def plot_rope_decay(curves: list[dict], path: str, train_len: int | None = None,
 
 def checkpoint_rope_frequencies(model, length: int) -> tuple[torch.Tensor, float, str]:
     """(inverse frequencies, attention factor, description) of a RoPE model's
-    scheme under its current extrapolation method at the given length."""
-    scheme = model.pos_scheme
+    scheme under its current extrapolation method at the given length: the
+    scheme of the layers the method acts on (a layout's scaled ones)."""
+    scheme = model.method_scheme
     if scheme.rotary is None:
         raise ConfigError(
             f"The checkpoint's scheme {scheme.name!r} is not RoPE-like (family {scheme.family!r}); "

@@ -368,10 +368,11 @@ def _run(method, obj, s: SearchSettings, evolution, trials_json, done: list, kep
         return S.optuna_search(method, obj, s.trials, s.seed, report, done=done)
     from rope_lm.eval.longrope_search import evolve
 
-    spec = obj.model.pos_scheme.rotary
-
     def evaluate(factors):
         return obj({"name": "longrope", "factor": obj.ratio, "long_factor": factors})
+
+    # The seeds (PI, NTK, YaRN) take the base of the layers the factors act on: a layout's scaled layers.
+    spec = obj.model.scaled_rotary()
 
     return evolve(evaluate, spec.rot_dim, spec.base, obj.train_len, obj.target, evolution, s.seed, report, done=done)
 
