@@ -212,10 +212,15 @@ def test_teacher_forced_scoring(hay, tokenizer):
             return (nxt + 1) % tokenizer.get_vocab_size()
         return nxt
 
-    verdicts = R.teacher_forced(Scripted(tokenizer.get_vocab_size(), answer), prompts, "cpu")
+    model = Scripted(tokenizer.get_vocab_size(), answer)
+    projected = []
+    model.lm_head.register_forward_hook(lambda module, args, out: projected.append(args[0].shape[0]))
+    verdicts = R.teacher_forced(model, prompts, "cpu")
     assert [v[0] for v in verdicts] == [True, False, True]
     k = len(prompts[1].answer_ids)
     assert verdicts[1][1] == pytest.approx((k - 1) / k) and verdicts[0][1] == 1.0
+    # the head reads the answers' rows alone, never prompt x vocabulary (137 GB at 128k for Gemma 3's vocabulary)
+    assert projected == [len(p.answer_ids) for p in prompts]
 
 
 def test_greedy_scoring_parses_the_values(hay, tokenizer):
