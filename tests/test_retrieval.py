@@ -155,6 +155,35 @@ def test_filler_haystacks_are_the_passkey_papers_sentences(tokenizer):
     assert "The grass is green." in rest and "There and back again." in rest
 
 
+def test_a_tokenizer_that_puts_a_bos_before_a_text_gets_it_once_at_the_start(tokenizer):
+    """Gemma's tokenizer adds <bos> to every text it encodes: encoded piece by piece, a prompt held one
+    before every needle, the question and the answer, which no model predicts (0% everywhere)."""
+    from tokenizers import Tokenizer
+    from tokenizers.processors import TemplateProcessing
+
+    from rope_lm.probes import passkey as P
+
+    tok = Tokenizer.from_str(tokenizer.to_str())
+    tok.add_special_tokens(["<bos>"])
+    bos = tok.token_to_id("<bos>")
+    tok.post_processor = TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", bos)])
+    assert tok.encode("The grass").ids[0] == bos and P.text_prefix(tok) == [bos] and P.text_prefix(tokenizer) == []
+    stream = R.filler_stream(tok, 700)
+    assert bos not in stream.tolist()
+    plain = R.Haystacks(tokenizer, R.filler_stream(tokenizer, 700), seed=5)
+    for name, task in R.build_tasks(["passkey", "multikey"], 2).items():
+        p, q = R.Haystacks(tok, stream, seed=5).build(task, name, 600, 0.5, 0), plain.build(task, name, 600, 0.5, 0)
+        assert p.ids[0] == bos and (p.ids + p.answer_ids).count(bos) == 1 and len(p.ids) == len(q.ids)
+        assert p.answer_ids == q.answer_ids and p.ids[p.question_start :] == q.ids[q.question_start :]
+        assert tok.decode(p.ids[p.target_start : p.question_start]).startswith(
+            tokenizer.decode(q.ids[q.target_start :])[:20]
+        )
+    key = P.build_prompt(tok, 400, 0.5, "12345")
+    assert key.ids[0] == bos and key.ids.count(bos) == 1 and bos not in key.answer_ids
+    assert tok.decode(key.ids[key.key_start :]).lstrip().startswith("The pass key is 12345")
+    assert len(key.ids) == len(P.build_prompt(tokenizer, 400, 0.5, "12345").ids)
+
+
 def test_too_short_and_bad_settings_are_refused(hay):
     with pytest.raises(ConfigError, match="too short"):
         hay.build(R.MultiQuery(4), "multiquery", 40, 0.5, 0)

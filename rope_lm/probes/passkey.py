@@ -51,14 +51,31 @@ class PasskeyPrompt:
     key_start: int  # token index where the key sentence begins
 
 
-def _encode(tokenizer, text: str) -> list[int]:
-    return tokenizer.encode(text).ids
+def encode_piece(tokenizer, text: str) -> list[int]:
+    """A piece of a prompt: without the special tokens a tokenizer puts around a whole text (Gemma's
+    <bos>), which inside a prompt would stand between its pieces and before the answer."""
+    return tokenizer.encode(text, add_special_tokens=False).ids
+
+
+def text_prefix(tokenizer) -> list[int]:
+    """The special tokens the tokenizer puts before a text (Gemma's <bos>; none for rope-lm's own
+    tokenizers or SmolLM2's): a prompt made of pieces starts with them, as each document of the token
+    cache does (rope_lm/data/encode.py)."""
+    plain = encode_piece(tokenizer, "a")
+    full = tokenizer.encode("a").ids
+    for i in range(len(full) - len(plain) + 1):
+        if full[i : i + len(plain)] == plain:
+            return full[:i]
+    return []
 
 
 def min_length(tokenizer, instructions: bool = False) -> int:
-    key = _encode(tokenizer, KEY_SENTENCE.format(key="00000"))
+    key = encode_piece(tokenizer, KEY_SENTENCE.format(key="00000"))
     fixed = (
-        (len(_encode(tokenizer, INSTRUCTIONS)) if instructions else 0) + len(key) + len(_encode(tokenizer, QUESTION))
+        len(text_prefix(tokenizer))
+        + (len(encode_piece(tokenizer, INSTRUCTIONS)) if instructions else 0)
+        + len(key)
+        + len(encode_piece(tokenizer, QUESTION))
     )
     return fixed + ANSWER_ROOM
 
@@ -67,9 +84,9 @@ def build_prompt(tokenizer, length: int, depth: float, key: str, instructions: b
     """A prompt of exactly length - ANSWER_ROOM tokens with the key at `depth`."""
     if not 0.0 <= depth <= 1.0:
         raise ConfigError(f"Passkey depth {depth} must be within [0, 1] (0: start of the filler, 1: its end).")
-    head = _encode(tokenizer, INSTRUCTIONS) if instructions else []
-    key_ids = _encode(tokenizer, KEY_SENTENCE.format(key=key))
-    question = _encode(tokenizer, QUESTION)
+    head = text_prefix(tokenizer) + (encode_piece(tokenizer, INSTRUCTIONS) if instructions else [])
+    key_ids = encode_piece(tokenizer, KEY_SENTENCE.format(key=key))
+    question = encode_piece(tokenizer, QUESTION)
     n_fill = length - ANSWER_ROOM - len(head) - len(key_ids) - len(question)
     if n_fill < 0:
         raise ConfigError(
@@ -77,14 +94,14 @@ def build_prompt(tokenizer, length: int, depth: float, key: str, instructions: b
             f"{length - n_fill} tokens with this tokenizer{' and the instructions' if instructions else ''}. "
             f"Use longer lengths{' or leave out the instructions' if instructions else ''}."
         )
-    unit = _encode(tokenizer, FILLER)
+    unit = encode_piece(tokenizer, FILLER)
     fill = (unit * (n_fill // len(unit) + 1))[:n_fill]
     before = int(round(depth * n_fill))
     ids = head + fill[:before] + key_ids + fill[before:] + question
     return PasskeyPrompt(
         ids=ids,
         key=key,
-        answer_ids=_encode(tokenizer, ANSWER.format(key=key)),
+        answer_ids=encode_piece(tokenizer, ANSWER.format(key=key)),
         length=length,
         depth=depth,
         key_start=len(head) + before,

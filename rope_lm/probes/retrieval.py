@@ -106,9 +106,10 @@ class Haystacks:
     def __init__(self, tokenizer, stream, seed: int = 0, snap: int = 32):
         self.tokenizer, self.stream, self.seed, self.snap = tokenizer, stream, seed, snap
         self.ends = _sentence_ends(tokenizer)
+        self.prefix = P.text_prefix(tokenizer)  # a prompt starts as a document does (Gemma's <bos>)
 
     def encode(self, text: str) -> list[int]:
-        return self.tokenizer.encode(text).ids
+        return P.encode_piece(self.tokenizer, text)
 
     def _snap(self, fill: list[int], at: int, lo: int) -> int:
         """The first position at or after `at` (within `snap` tokens) that
@@ -127,7 +128,7 @@ class Haystacks:
         question, answer = self.encode(inst.question), self.encode(inst.answer)
         # Room for the answer (and greedy's extra tokens), so no forward pass runs past `length`.
         room = max(P.ANSWER_ROOM, len(answer) + GREEDY_EXTRA)
-        n_fill = length - room - len(question) - sum(len(ids) for ids, _, _ in needles)
+        n_fill = length - room - len(self.prefix) - len(question) - sum(len(ids) for ids, _, _ in needles)
         if n_fill < 0:
             raise ConfigError(
                 f"A {name} prompt of length {length} is too short: its needles, question and answer "
@@ -143,7 +144,7 @@ class Haystacks:
         fill = [int(t) for t in self.stream[start : start + n_fill]]
         # Needles in the order of their depth; equal depths keep their order in the instance.
         order = sorted(range(len(needles)), key=lambda i: (needles[i][1], i))
-        ids, cursor, target_start, target_offset = [], 0, 0, 0
+        ids, cursor, target_start, target_offset = list(self.prefix), 0, 0, 0
         for i in order:
             n_ids, d, is_target = needles[i]
             at = self._snap(fill, int(round(d * n_fill)), cursor)
@@ -173,7 +174,7 @@ def filler_stream(tokenizer, n_tokens: int):
     model's own tokens, FILLER_TOKENS long (more only for a longer n_tokens).
     A model that reads the corpus poorly can still show whether it finds a
     needle past its window."""
-    once = np.array(tokenizer.encode(FILLER).ids, dtype=np.int64)
+    once = np.array(P.encode_piece(tokenizer, FILLER), dtype=np.int64)
     size = max(FILLER_TOKENS, 1 << int(n_tokens).bit_length())
     return np.resize(once, size)
 
