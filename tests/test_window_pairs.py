@@ -247,3 +247,37 @@ def test_bad_rescore_units_are_one_paragraph_before_any_scoring(data, tmp_path, 
 def test_rescore_units_needs_an_evaluation_to_continue(data, tmp_path):
     rc, text = _evaluate(data, tmp_path / "new", "existing=continue", "rescore_units={yarn-x2: [32]}")
     assert rc == 2 and "holds no evaluation to continue" in text, text
+
+
+# --- a training run and an evaluation of its checkpoint ---------------------------------------------------------
+
+
+def test_a_training_run_pairs_with_an_evaluation_of_its_checkpoint(tiny_config, tmp_path):
+    """The run records its weights' checksum beside its results, the same one an evaluation of its checkpoint
+    records, so its own rows and the evaluation's methods are paired on the same windows."""
+    from rope_lm.runs.pipeline import train_and_evaluate
+    from rope_lm.runs.trained import open_model
+
+    run = tmp_path / "run"
+    train_and_evaluate(tiny_config, str(run))
+    identity = _results(run)["model_identity"]
+    assert identity == {"weights": open_model(str(run)).weights_digest, "step": 6}
+    data = tiny_config["data"]
+    evaluation = tmp_path / "yarn"
+    done = forked.run(
+        [sys.executable, os.path.join(ROOT, "scripts", "eval_extrapolation.py"), f"ckpt={run}", "scaling=yarn"]
+        + [f"eval.{k}={v}" for k, v in tiny_config["eval"].items() if v is not None and k != "multipliers"]
+        + ["eval.multipliers=[1,2,4]", f"data.cache_dir={data['cache_dir']}", f"out={evaluation}"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert _results(evaluation)["config"]["model_identity"] == identity
+    compare([str(run), str(evaluation)], str(tmp_path / "cmp"))
+    rows = _rows(tmp_path / "cmp")
+    yarn = next(lab for lab, _ in rows if "yarn" in lab)
+    plain = next(lab for lab, _ in rows if "yarn" not in lab and "window" not in lab)
+    assert set(json.loads(rows[(yarn, 32)][PAIRED_COLUMN])) == {plain}
+    # YaRN's factor is 1 at L: the two rows are one computation there, so the pair is exactly 1.
+    assert json.loads(rows[(yarn, 16)][PAIRED_COLUMN])[plain]["ratio"] == pytest.approx(1.0)

@@ -1,7 +1,7 @@
 """Methods on one model, compared on the same windows.
 
 Two series evaluated with the same weights (results.json's config.model_identity for an evaluation of a
-checkpoint or an imported model; the methods of one training run share its folder) and scored on the very same
+checkpoint or an imported model, its model_identity for a training run's own evaluation) and scored on the very same
 windows differ in the method alone, so the difficulty of the text is no noise in their ratio. Its interval is a
 paired bootstrap over those windows (or documents), eval/bootstrap.paired_ratio, from the per-window losses each
 evaluation kept beside its results (eval_units.npz): two folders that evaluated one model, e.g. Gemma 3 with a

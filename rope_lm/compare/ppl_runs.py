@@ -101,7 +101,8 @@ def load_run(path: str) -> Run:
         del config["eval"]
     seed = config.get("seed")
     setting = settings_key(config, NOT_A_SETTING)
-    identity = config.get("model_identity")
+    # An evaluation of a checkpoint records the weights in its config; a training run beside its results.
+    identity = config.get("model_identity") or results.get("model_identity")
     model = json.dumps(identity, sort_keys=True) if identity else os.path.realpath(run.dir)
     ev = results.get("eval") or {}
     resampling = (int(ev.get("bootstrap") or 0), int(ev.get("seed") or 0))

@@ -41,7 +41,7 @@ from rope_lm.runs.run_folder import (
     rank_zero_claim,
 )
 from rope_lm.runs.run_settings import BOOKKEEPING, settings_differences
-from rope_lm.runs.trained import open_model
+from rope_lm.runs.trained import open_model, weights_digest
 from rope_lm.scaling import method_label
 from rope_lm.train import distributed
 from rope_lm.train.checkpointing import check_resumable, resolve_checkpoint
@@ -344,7 +344,9 @@ def train_and_evaluate(run: RunConfig | dict, out_dir: str, logger=None, claimed
 
 def _evaluate_run(model, run: RunConfig, cache, out_dir: str, results: dict, logger, finish: str) -> dict:
     """A run's own evaluation (after training, or of its final checkpoint): its method and its controls, as
-    its settings give them."""
+    its settings give them. The weights' checksum goes beside them, as an evaluation of a checkpoint records
+    it, so that compare.py pairs the run with a later evaluation of its checkpoint on the same windows."""
+    results["model_identity"] = {"weights": weights_digest(model), "step": results["training"]["steps"]}
     return evaluate_and_report(
         model,
         cache,

@@ -90,11 +90,7 @@ class Trained:
         """A checksum of the weights: what tells a continued evaluation that it reads the same model,
         whatever path names it (a copy, a symlink, a relative path) and whatever file was rewritten
         under that path since."""
-        h = hashlib.sha256()
-        for name, tensor in sorted(self.model.state_dict().items()):
-            h.update(name.encode())
-            h.update(tensor.detach().to("cpu").contiguous().view(-1).view(torch.uint8).numpy().tobytes())
-        return h.hexdigest()[:16]
+        return weights_digest(self.model)
 
     @property
     def identity(self) -> dict:
@@ -116,6 +112,16 @@ class Trained:
                 f"that has one."
             )
         return Tokenizer.from_str(self.tokenizer_json)
+
+
+def weights_digest(model) -> str:
+    """A checksum of a model's weights (its state dict, names and bytes): equal for a trained model in
+    memory and the same model read back from its checkpoint."""
+    h = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        h.update(name.encode())
+        h.update(tensor.detach().to("cpu").contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()[:16]
 
 
 def _required(source: str | None, setting: str):
