@@ -126,6 +126,42 @@ def test_a_model_that_reads_d_back_copies_and_one_that_cannot_shows_no_drop():
         assert flat["per_sample"]["copy"] == flat["per_sample"]["nocopy"] and flat["drop"]["loss"] == 0.0
 
 
+def test_a_prefix_is_read_first_and_moves_nothing_the_probe_scores():
+    """Gemma's <bos>: a token before the first copy, not scored; the copies keep their distance, and a
+    reader of d tokens back still copies exactly where it did."""
+    vocab, span, d, bos = 3_000, 6, 16, 2_999
+    stream = np.random.default_rng(0).permutation(vocab - 1)
+    draws = RS.draw(len(stream), span, 32, 5, seed=0)
+    plain = RS.sequences(stream, draws, span, 32, d)
+    with_bos = RS.sequences(stream, draws, span, 32, d, prefix=[bos])
+    for a, b in zip(plain, with_bos):
+        assert b.shape == (5, d + span + 1) and (b[:, 0] == bos).all() and torch.equal(b[:, 1:], a)
+    reader = Induction(vocab, d)
+    row = RS.score_distance(reader, stream, draws, span, 32, d, 16, 4096, 100, seed=0, prefix=[bos])
+    assert row["sequence"] == d + span + 1
+    assert row == {
+        **RS.score_distance(reader, stream, draws, span, 32, d, 16, 4096, 100, seed=0),
+        "sequence": d + span + 1,
+    }
+
+
+def test_the_tokenizers_own_prefix_and_the_warning_for_text_cut_mid_document():
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from tokenizers.processors import TemplateProcessing
+
+    from rope_lm.data.special_tokens import encode_piece, mid_text_warning, text_prefix
+
+    tok = Tokenizer(models.WordLevel({"a": 0, "b": 1, "<unk>": 2}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    assert text_prefix(tok) == [] and mid_text_warning(tok, "x") is None
+    tok.add_special_tokens(["<bos>"])
+    tok.post_processor = TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", 3)])
+    assert tok.encode("a b").ids == [3, 0, 1] and encode_piece(tok, "a b") == [0, 1] and text_prefix(tok) == [3]
+    text = mid_text_warning(tok, "eval.protocol=stream")
+    assert text.startswith("eval.protocol=stream starts windows in the middle of documents, without the '<bos>'")
+    assert "eval.protocol=documents" in text and "\n" not in text
+
+
 def test_bad_spans_and_short_texts_are_refused_in_one_paragraph():
     with pytest.raises(ConfigError, match=r"the distance 8 is shorter than the span \(16 tokens\)"):
         RS.check(16, [8, 16, 32])

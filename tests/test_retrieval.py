@@ -161,13 +161,14 @@ def test_a_tokenizer_that_puts_a_bos_before_a_text_gets_it_once_at_the_start(tok
     from tokenizers import Tokenizer
     from tokenizers.processors import TemplateProcessing
 
+    from rope_lm.data.special_tokens import text_prefix
     from rope_lm.probes import passkey as P
 
     tok = Tokenizer.from_str(tokenizer.to_str())
     tok.add_special_tokens(["<bos>"])
     bos = tok.token_to_id("<bos>")
     tok.post_processor = TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", bos)])
-    assert tok.encode("The grass").ids[0] == bos and P.text_prefix(tok) == [bos] and P.text_prefix(tokenizer) == []
+    assert tok.encode("The grass").ids[0] == bos and text_prefix(tok) == [bos] and text_prefix(tokenizer) == []
     stream = R.filler_stream(tok, 700)
     assert bos not in stream.tolist()
     plain = R.Haystacks(tokenizer, R.filler_stream(tokenizer, 700), seed=5)

@@ -32,6 +32,7 @@ from rope_lm.core.files import atomic_write, from_here, write_json
 from rope_lm.core.stops import rerun_command, signal_status, signals_stop
 from rope_lm.core.tables import markdown_table
 from rope_lm.core.typed import typed, typed_component, typed_dataclass
+from rope_lm.data.special_tokens import mid_text_warning, text_prefix
 from rope_lm.data.split import DATA_ANNOTATIONS
 from rope_lm.eval.evaluation import token_losses
 from rope_lm.eval.results import git_commit
@@ -251,11 +252,14 @@ def run_long_range(s: LongRangeSettings, command: list[str] | None = None) -> di
     model, train_len = trained.model, trained.train_len
     settings = {"common": common}
     distances = lengths = evaluator = None
+    prefix = text_prefix(trained.tokenizer()) if trained.tokenizer_json else []
     if "repeated_span" in probes:
         distances = _resolve(train_len, rs.distances, rs.multipliers)
         RS.check(rs.span, distances)
-        model.validate_length(max(distances) + rs.span - 1)
+        model.validate_length(len(prefix) + max(distances) + rs.span - 1)
         settings["repeated_span"] = {"span": rs.span, "samples": rs.samples}
+        if prefix:  # recorded where there is one, so that records made before it was read still continue
+            settings["repeated_span"]["prefix"] = prefix
     if "key_tokens" in probes:
         same = kt.evaluator == s.ckpt and (kt.evaluator_scaling or None) == (s.scaling or None)
         evaluator = (
@@ -263,6 +267,8 @@ def run_long_range(s: LongRangeSettings, command: list[str] | None = None) -> di
         )
         if not K.same_tokenizer(trained.tokenizer_json, evaluator.tokenizer_json):
             raise ConfigError(_other_tokenizer(s.ckpt, kt.evaluator, trained, evaluator))
+        if prefix:
+            log.warning(mid_text_warning(trained.tokenizer(), "The key-token probe"))
         lengths = _resolve(evaluator.train_len, kt.lengths, kt.multipliers)
         kt.short = kt.short or evaluator.train_len
         kt.stride = kt.stride or max(1, kt.short // 4)
@@ -439,8 +445,9 @@ def _repeated_span(s, rs: RepeatedSpanSettings, trained, tokens, distances, reco
             continue
         if d in rows:  # its fillers were drawn for another longest distance: not the draws of this run
             log.info("repeated span, distance %d: scored again (the earlier run's longest distance differs)", d)
+        prefix = (record["settings"]["repeated_span"] or {}).get("prefix", [])
         row = RS.score_distance(
-            model, tokens, draws, rs.span, longest, d, trained.train_len, s.batch_tokens, s.bootstrap, s.seed
+            model, tokens, draws, rs.span, longest, d, trained.train_len, s.batch_tokens, s.bootstrap, s.seed, prefix
         )
         row["longest"] = longest  # the fillers are drawn for the longest distance: a row is of that draw
         rows[d] = row

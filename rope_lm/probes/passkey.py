@@ -22,6 +22,7 @@ import torch
 
 from rope_lm.core.errors import ConfigError
 from rope_lm.core.files import save_figure
+from rope_lm.data.special_tokens import encode_piece, text_prefix
 from rope_lm.infer.generate import generate
 from rope_lm.tasks.passkey_text import ANSWER, FILLER, INSTRUCTIONS, KEY_SENTENCE, QUESTION  # noqa: F401  (the template, re-exported)
 
@@ -49,24 +50,6 @@ class PasskeyPrompt:
     length: int  # prompt tokens plus ANSWER_ROOM
     depth: float
     key_start: int  # token index where the key sentence begins
-
-
-def encode_piece(tokenizer, text: str) -> list[int]:
-    """A piece of a prompt: without the special tokens a tokenizer puts around a whole text (Gemma's
-    <bos>), which inside a prompt would stand between its pieces and before the answer."""
-    return tokenizer.encode(text, add_special_tokens=False).ids
-
-
-def text_prefix(tokenizer) -> list[int]:
-    """The special tokens the tokenizer puts before a text (Gemma's <bos>; none for rope-lm's own
-    tokenizers or SmolLM2's): a prompt made of pieces starts with them, as each document of the token
-    cache does (rope_lm/data/encode.py)."""
-    plain = encode_piece(tokenizer, "a")
-    full = tokenizer.encode("a").ids
-    for i in range(len(full) - len(plain) + 1):
-        if full[i : i + len(plain)] == plain:
-            return full[:i]
-    return []
 
 
 def min_length(tokenizer, instructions: bool = False) -> int:

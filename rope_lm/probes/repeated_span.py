@@ -7,7 +7,8 @@ text), then the same span again, its second copy starting d tokens after the fir
     without copy:  other | filler (d - s tokens) | span      (other: held-out text of s tokens)
 
 Both sequences have d + s tokens, the same filler and the same second copy; only the first s tokens
-differ. The score is the model's loss on the second copy's s tokens (mean NLL per token), with and
+differ. A model whose tokenizer puts tokens before a text (Gemma's <bos>) reads them first, as it
+reads a document: `prefix`, not scored, adds them before the first copy and moves nothing else. The score is the model's loss on the second copy's s tokens (mean NLL per token), with and
 without the first copy. Every token of the second copy has its own earlier copy exactly d positions
 back, so a model that reads that far can copy it and its loss falls well below the no-copy loss; a
 model that cannot see d tokens back scores both the same. The difference is paired: the same span,
@@ -89,9 +90,12 @@ def draw(n_tokens: int, span: int, longest: int, samples: int, seed: int) -> lis
     return out
 
 
-def sequences(stream, draws: list[Draw], span: int, longest: int, distance: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(with copy, without copy): (samples, distance + span) int64 token rows."""
+def sequences(
+    stream, draws: list[Draw], span: int, longest: int, distance: int, prefix: list[int] = ()
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(with copy, without copy): (samples, len(prefix) + distance + span) int64 token rows."""
     rows_with, rows_without = [], []
+    head = np.asarray(prefix, dtype=np.int64)
     filler_len = longest - span
     tail = distance - span  # the filler's last `tail` tokens sit between the copies
     for d in draws:
@@ -99,8 +103,8 @@ def sequences(stream, draws: list[Draw], span: int, longest: int, distance: int)
         other = np.asarray(stream[d.other : d.other + span], dtype=np.int64)
         end = d.filler + filler_len
         fill = np.asarray(stream[end - tail : end], dtype=np.int64)
-        rows_with.append(np.concatenate([copy, fill, copy]))
-        rows_without.append(np.concatenate([other, fill, copy]))
+        rows_with.append(np.concatenate([head, copy, fill, copy]))
+        rows_without.append(np.concatenate([head, other, fill, copy]))
     return torch.from_numpy(np.stack(rows_with)), torch.from_numpy(np.stack(rows_without))
 
 
@@ -138,11 +142,12 @@ def score_distance(
     batch_tokens: int,
     resamples: int,
     seed: int,
+    prefix: list[int] = (),
 ) -> dict:
     """One distance's row: the second copy's loss with and without the first copy, their paired
     difference (drop = without - with, positive where the copy helped), each with a 95% bootstrap
     interval over samples, and every sample's losses."""
-    with_copy, without = sequences(stream, draws, span, longest, distance)
+    with_copy, without = sequences(stream, draws, span, longest, distance, prefix)
     copied = second_copy_losses(model, with_copy, span, batch_tokens)
     alone = second_copy_losses(model, without, span, batch_tokens)
     drop = alone - copied
@@ -150,7 +155,7 @@ def score_distance(
     return {
         "distance": int(distance),
         "ratio": distance / train_len,
-        "sequence": int(distance + span),
+        "sequence": int(len(prefix) + distance + span),
         "span": int(span),
         "samples": len(draws),
         "copy": _interval(copied, resamples, seed, distance, 0),

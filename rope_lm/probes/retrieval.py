@@ -43,6 +43,7 @@ import torch
 
 from rope_lm.core.errors import ConfigError
 from rope_lm.core.tables import markdown_table
+from rope_lm.data.special_tokens import encode_piece, text_prefix
 from rope_lm.eval import bootstrap
 from rope_lm.probes import passkey as P
 from rope_lm.probes.effective_length import (  # noqa: F401  (re-exported: R.add_effective, ...)
@@ -106,10 +107,10 @@ class Haystacks:
     def __init__(self, tokenizer, stream, seed: int = 0, snap: int = 32):
         self.tokenizer, self.stream, self.seed, self.snap = tokenizer, stream, seed, snap
         self.ends = _sentence_ends(tokenizer)
-        self.prefix = P.text_prefix(tokenizer)  # a prompt starts as a document does (Gemma's <bos>)
+        self.prefix = text_prefix(tokenizer)  # a prompt starts as a document does (Gemma's <bos>)
 
     def encode(self, text: str) -> list[int]:
-        return P.encode_piece(self.tokenizer, text)
+        return encode_piece(self.tokenizer, text)
 
     def _snap(self, fill: list[int], at: int, lo: int) -> int:
         """The first position at or after `at` (within `snap` tokens) that
@@ -174,7 +175,7 @@ def filler_stream(tokenizer, n_tokens: int):
     model's own tokens, FILLER_TOKENS long (more only for a longer n_tokens).
     A model that reads the corpus poorly can still show whether it finds a
     needle past its window."""
-    once = np.array(P.encode_piece(tokenizer, FILLER), dtype=np.int64)
+    once = np.array(encode_piece(tokenizer, FILLER), dtype=np.int64)
     size = max(FILLER_TOKENS, 1 << int(n_tokens).bit_length())
     return np.resize(once, size)
 

@@ -17,6 +17,7 @@ from rope_lm.core.errors import ConfigError, EvaluationNotFinite, Interrupted, O
 from rope_lm.core.files import fresh_dir
 from rope_lm.core.stops import signal_status, signals_stop
 from rope_lm.core.typed import typed, typed_component, typed_dataclass
+from rope_lm.data.special_tokens import mid_text_warning
 from rope_lm.data.split import DATA_ANNOTATIONS
 from rope_lm.eval import bootstrap
 from rope_lm.eval.cost import COST_KEYS
@@ -495,6 +496,10 @@ def evaluate_checkpoint(
             check_windowed_layers(trained.model)
         trained.model.set_scaling(own)
     hp, model = trained.hparams, trained.model
+    if eval_cfg.protocol != "documents" and trained.tokenizer_json:
+        warning = mid_text_warning(trained.tokenizer(), f"eval.protocol={eval_cfg.protocol}")
+        if warning:
+            log.warning(warning)
     lengths = eval_cfg.resolve_lengths(model.cfg.train_len)
     as_trained = model.scaling  # the method the model was trained under: decides whether a control applies
     for options in methods:  # refuse a method that does not fit before any work
