@@ -6,6 +6,7 @@ computation bit for bit; and no call builds more than a chunk of logits."""
 import torch
 import torch.nn.functional as F
 
+from rope_lm.eval import evaluation
 from rope_lm.eval.evaluation import token_losses
 from rope_lm.model import head
 from rope_lm.train.lit import LitLM
@@ -94,6 +95,30 @@ def test_evaluation_losses_chunked_equal_full(monkeypatch):
     x, y = torch.randint(0, 64, (4, 16)), torch.randint(0, 64, (4, 16))
     with torch.no_grad():
         want = full_losses(model.hidden(x), model.lm_head.weight, y)
-    monkeypatch.setattr(head.token_cross_entropy, "__defaults__", (5,))
+    seen = []
+    monkeypatch.setattr(evaluation, "scoring_chunk", lambda vocab: seen.append(vocab) or 5)
     got = token_losses(model, x, y, batch_tokens=32)
     torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-6)
+    assert seen == [64, 64]  # each batch of two windows takes the scoring chunk of this vocabulary
+
+
+def test_scoring_holds_a_large_vocabularys_logits_to_fewer_tokens(monkeypatch):
+    """Gemma 3's 262,144-token vocabulary: 4,096 tokens' logits and their log-sum-exp took 8.6 GiB, the
+    peak of every Gemma evaluation; scoring takes 1,024 at a time. Vocabularies up to 65,536 keep 4,096."""
+    assert [head.scoring_chunk(v) for v in (8192, 49152, 65536, 262144, 10**8)] == [4096, 4096, 4096, 1024, 64]
+    rows = []
+    original = head._chunk_logits
+    monkeypatch.setattr(head, "_chunk_logits", lambda h, w: rows.append(h.shape[0]) or original(h, w))
+
+    class Wide(torch.nn.Module):
+        def __init__(self, vocab=262_144):
+            super().__init__()
+            self.wte = torch.nn.Embedding(vocab, 4)
+            self.lm_head = torch.nn.Linear(4, vocab, bias=False)
+
+        def hidden(self, x):
+            return self.wte(x)
+
+    x = torch.randint(0, 262_144, (1, 2_500))
+    token_losses(Wide(), x, x, batch_tokens=4_096)
+    assert rows == [1024, 1024, 452]

@@ -41,7 +41,7 @@ import torch.nn.functional as F
 
 from rope_lm.core.errors import ConfigError
 from rope_lm.eval import bootstrap, cost
-from rope_lm.model.head import token_cross_entropy
+from rope_lm.model.head import scoring_chunk, token_cross_entropy
 
 log = logging.getLogger("rope_lm")
 PROTOCOLS = ("stream", "documents", "sliding")
@@ -259,7 +259,8 @@ def token_losses(model, windows: torch.Tensor, targets: torch.Tensor, batch_toke
         if hasattr(model, "hidden") and hasattr(model, "lm_head"):
             # Our model: logits a chunk of tokens at a time (rope_lm.model.head).
             with autocast_for(device):
-                loss = token_cross_entropy(model.hidden(x), model.lm_head.weight, y)
+                weight = model.lm_head.weight
+                loss = token_cross_entropy(model.hidden(x), weight, y, scoring_chunk(weight.shape[0]))
         else:
             with autocast_for(device):
                 logits = model(x)
