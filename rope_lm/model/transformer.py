@@ -426,11 +426,11 @@ class TransformerLM(nn.Module):
                 found.setdefault((spec.rot_dim, spec.base), (spec, []))[1].append(i)
         if len(found) != 1:
             shown = "; ".join(f"layers {ls}: {d} rotary dims at base {b:g}" for (d, b), (_, ls) in found.items())
+            acts_on = f"rotary layers of different frequencies ({shown})" if found else "no rotary layer"
             raise ConfigError(
-                "A frequency method would act on "
-                + (f"rotary layers of different frequencies ({shown})" if found else "no rotary layer")
-                + ", so no one per-pair setting fits them all. Let it act on layers of one kind (scripts/eval_extrapolation.py's "
-                "scaled_layers=; Gemma 3's default is its global layers), or use a model whose layers share one RoPE."
+                f"A frequency method would act on {acts_on}, so no one per-pair setting fits them all. Let it act "
+                f"on layers of one kind (scripts/eval_extrapolation.py's scaled_layers=; Gemma 3's default is its "
+                f"global layers), or use a model whose layers share one RoPE."
             )
         return next(iter(found.values()))[0]
 

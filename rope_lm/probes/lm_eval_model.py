@@ -39,6 +39,7 @@ import logging
 import torch
 
 from rope_lm.core.errors import ConfigError
+from rope_lm.data.special_tokens import encode_piece
 
 try:
     from lm_eval.api.model import LM
@@ -173,7 +174,7 @@ class RopeLM(LM):
         return [self.prefix_id]
 
     def _encode(self, text: str) -> list[int]:
-        return self.tokenizer.encode(text, add_special_tokens=False).ids if text else []
+        return encode_piece(self.tokenizer, text) if text else []
 
     def get_model_info(self) -> dict:
         """What lm-eval records in its results' config."""

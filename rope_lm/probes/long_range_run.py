@@ -252,7 +252,8 @@ def run_long_range(s: LongRangeSettings, command: list[str] | None = None) -> di
     model, train_len = trained.model, trained.train_len
     settings = {"common": common}
     distances = lengths = evaluator = None
-    prefix = text_prefix(trained.tokenizer()) if trained.tokenizer_json else []
+    tokenizer = trained.tokenizer() if trained.tokenizer_json else None
+    prefix = text_prefix(tokenizer) if tokenizer else []
     if "repeated_span" in probes:
         distances = _resolve(train_len, rs.distances, rs.multipliers)
         RS.check(rs.span, distances)
@@ -268,7 +269,7 @@ def run_long_range(s: LongRangeSettings, command: list[str] | None = None) -> di
         if not K.same_tokenizer(trained.tokenizer_json, evaluator.tokenizer_json):
             raise ConfigError(_other_tokenizer(s.ckpt, kt.evaluator, trained, evaluator))
         if prefix:
-            log.warning(mid_text_warning(trained.tokenizer(), "The key-token probe"))
+            log.warning(mid_text_warning(tokenizer, "The key-token probe"))
         lengths = _resolve(evaluator.train_len, kt.lengths, kt.multipliers)
         kt.short = kt.short or evaluator.train_len
         kt.stride = kt.stride or max(1, kt.short // 4)
@@ -436,6 +437,7 @@ def _repeated_span(s, rs: RepeatedSpanSettings, trained, tokens, distances, reco
     rows = {r["distance"]: r for r in record["repeated_span"]["rows"]}
     longest = max(distances)
     draws = RS.draw(len(tokens), rs.span, longest, rs.samples, s.seed)
+    prefix = record["settings"]["repeated_span"].get("prefix", [])  # the tokenizer's own first tokens
     model = trained.model
     model.eval()
     for d in distances:
@@ -445,7 +447,6 @@ def _repeated_span(s, rs: RepeatedSpanSettings, trained, tokens, distances, reco
             continue
         if d in rows:  # its fillers were drawn for another longest distance: not the draws of this run
             log.info("repeated span, distance %d: scored again (the earlier run's longest distance differs)", d)
-        prefix = (record["settings"]["repeated_span"] or {}).get("prefix", [])
         row = RS.score_distance(
             model, tokens, draws, rs.span, longest, d, trained.train_len, s.batch_tokens, s.bootstrap, s.seed, prefix
         )

@@ -8,8 +8,9 @@ text), then the same span again, its second copy starting d tokens after the fir
 
 Both sequences have d + s tokens, the same filler and the same second copy; only the first s tokens
 differ. A model whose tokenizer puts tokens before a text (Gemma's <bos>) reads them first, as it
-reads a document: `prefix`, not scored, adds them before the first copy and moves nothing else. The score is the model's loss on the second copy's s tokens (mean NLL per token), with and
-without the first copy. Every token of the second copy has its own earlier copy exactly d positions
+reads a document: `prefix`, not scored, adds them before the first copy and moves nothing else. The
+score is the model's loss on the second copy's s tokens (mean NLL per token), with and without the
+first copy. Every token of the second copy has its own earlier copy exactly d positions
 back, so a model that reads that far can copy it and its loss falls well below the no-copy loss; a
 model that cannot see d tokens back scores both the same. The difference is paired: the same span,
 filler and positions on both sides, so what is left is what the first copy told the model.
