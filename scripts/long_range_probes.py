@@ -7,7 +7,8 @@ Settings and examples: python scripts/long_range_probes.py --help (conf/long_ran
 Writes long_range.json (every number, with the settings and the model by its weights) and
 long_range.md (the tables) to out= (default: a new <run dir>/diagnostics/long_range[_<scaling>]),
 rewritten as each distance and each key-token length is scored, and the key-token evaluator's losses
-(key_tokens-<key>.npz, to key_tokens.cache= or out=). existing=continue with the same out= goes on
+(key_tokens-<key>.npz, to key_tokens.cache= or out=; key_tokens.evaluator_losses= reads such a folder in
+the evaluator's place). existing=continue with the same out= goes on
 from there after an interruption, or adds distances and lengths to a finished run. The work is
 rope_lm.probes.long_range_run.run_long_range.
 """

@@ -119,7 +119,7 @@ def test_the_evaluators_losses_are_kept_for_their_key_only(tmp_path):
     key = K.cache_key({"identity": {"weights": "abc", "step": 3}, "scaling": None}, "text1", 4, 1)
     path = K.cache_file(str(tmp_path), key)
     assert K.read_cached(path, key) is None
-    K.write_cached(path, key, long, short)
+    K.write_cached(path, key, long, short, {"train_len": 4, "tokenizer": None})
     got = K.read_cached(path, key)
     assert torch.equal(got[0], long) and torch.equal(got[1], short)
     other = K.cache_key({"identity": {"weights": "abd", "step": 3}, "scaling": None}, "text1", 4, 1)

@@ -281,6 +281,88 @@ def test_a_continue_with_another_model_or_other_settings_is_refused_naming_both(
     assert LR.run_long_range(same)["status"] == "complete"
 
 
+def _kept(finished, where):
+    """The evaluator's kept losses from the finished run, alone in a folder of their own."""
+    where.mkdir()
+    for name in os.listdir(finished):
+        if name.startswith("key_tokens-"):
+            shutil.copy(finished / name, where / name)
+    return where
+
+
+def test_the_evaluators_kept_losses_stand_in_for_it(finished, corpus, tmp_path, monkeypatch):
+    kept = _kept(finished, tmp_path / "kept")
+    monkeypatch.setattr(K, "evaluator_losses", lambda *a, **k: pytest.fail("the evaluator's losses were computed"))
+    real_open = LR.open_model
+
+    def open_model(source, device, scaling, setting="ckpt"):
+        assert setting == "ckpt", "the evaluator was opened"
+        return real_open(source, device, scaling)
+
+    monkeypatch.setattr(LR, "open_model", open_model)
+    # Neither lengths nor K and S given: the files' 8 windows of 32 with K = 16, S = 4, not the evaluator's multiples.
+    record = LR.run_long_range(
+        settings(
+            corpus,
+            tmp_path / "out",
+            probes=["key_tokens"],
+            key_tokens={"evaluator_losses": str(kept), "token_budget": 256},
+        )
+    )
+    before, after = read(finished)["key_tokens"], record["key_tokens"]
+    assert (
+        after["evaluator"]["source"] == str(kept) and after["evaluator"]["identity"] == before["evaluator"]["identity"]
+    )
+    assert (after["evaluator"]["short"], after["evaluator"]["stride"], after["evaluator"]["train_len"]) == (16, 4, 16)
+    (b,), (a,) = before["rows"], after["rows"]
+    for name in ("length", "selection", "key_tokens", "ppl", "key_ppl", "key_ppl_lo", "evaluator_key_ppl"):
+        assert a[name] == b[name], name
+    assert not [n for n in os.listdir(tmp_path / "out") if n.endswith(".npz")]  # read from kept/, nothing new written
+
+
+def _rewrite(path, **changes):
+    with np.load(path) as f:
+        arrays = {k: f[k] for k in f.files}
+    for name, value in changes.items():
+        if value is None:
+            arrays.pop(name)
+        else:
+            arrays[name] = np.array(json.dumps({**json.loads(str(arrays[name])), **value}))
+    with open(path, "wb") as f:
+        np.savez(f, **arrays)
+
+
+@pytest.mark.parametrize(
+    "change,files,message",
+    [
+        (dict(lengths=[64]), None, r"holds no losses for \d+ windows of 64 tokens .* it holds 8 windows of 32 tokens "),
+        (dict(short=8), None, r"with K = 8 and S = 2; it holds 8 windows of 32 tokens with K = 16, S = 4"),
+        (dict(evaluator=FIXTURE), None, "are both given: the key tokens are chosen by one evaluator"),
+        (dict(cache="x"), None, "have nothing to act on"),
+        ({}, dict(about={"tokenizer": "0123456789abcdef"}), "carry different tokenizers"),
+        ({}, dict(about=None), "was written before kept losses named their evaluator"),
+        ({}, "empty", r"holds no key_tokens-\*.npz file"),
+    ],
+)
+def test_kept_losses_that_cannot_stand_in_are_refused_before_any_model_reads_a_token(
+    finished, corpus, tmp_path, monkeypatch, change, files, message
+):
+    kept = _kept(finished, tmp_path / "kept")
+    if files == "empty":
+        for name in os.listdir(kept):
+            os.remove(kept / name)
+    elif files:
+        (name,) = os.listdir(kept)
+        _rewrite(kept / name, **files)
+    monkeypatch.setattr(LR, "token_losses", lambda *a, **k: pytest.fail("a model read a token"))
+    out = tmp_path / "out"
+    with pytest.raises(ConfigError, match=message):
+        LR.run_long_range(
+            settings(corpus, out, probes=["key_tokens"], key_tokens={"evaluator_losses": str(kept), **change})
+        )
+    assert not out.exists()
+
+
 @pytest.mark.parametrize(
     "change,message",
     [

@@ -25,6 +25,7 @@ key-token PPLs are comparable when they were scored on the same selection: the s
 weights), method, K, S, thresholds and text, which `selection_id` names.
 """
 
+from dataclasses import dataclass
 import hashlib
 import json
 import logging
@@ -108,14 +109,25 @@ def selection_id(digest: str, key: torch.Tensor) -> str:
     return h.hexdigest()[:16]
 
 
+_CUTTING = ("normalizer", "pre_tokenizer", "model", "added_tokens")  # what decides the ids a text is cut into
+
+
 def same_tokenizer(a: str | None, b: str | None) -> bool:
     """Whether two tokenizer.json texts cut text into the same ids (formatting, padding and
     truncation aside)."""
     if not a or not b:
         return False
-    keys = ("normalizer", "pre_tokenizer", "model", "added_tokens")
     pa, pb = json.loads(a), json.loads(b)
-    return all(pa.get(k) == pb.get(k) for k in keys)
+    return all(pa.get(k) == pb.get(k) for k in _CUTTING)
+
+
+def tokenizer_digest(text: str | None) -> str | None:
+    """A tokenizer.json by what `same_tokenizer` compares: equal digests, the same ids."""
+    if not text:
+        return None
+    parsed = json.loads(text)
+    cutting = json.dumps({k: parsed.get(k) for k in _CUTTING}, sort_keys=True)
+    return hashlib.sha256(cutting.encode()).hexdigest()[:16]
 
 
 # --- the evaluator's losses, kept in a file keyed by what they depend on ---------------------------
@@ -147,10 +159,106 @@ def read_cached(path: str, key: dict) -> tuple[torch.Tensor, torch.Tensor] | Non
         return None
 
 
-def write_cached(path: str, key: dict, long: torch.Tensor, short: torch.Tensor) -> None:
+def write_cached(path: str, key: dict, long: torch.Tensor, short: torch.Tensor, about: dict) -> None:
+    """`about`: the evaluator as a probe that reads this file in its place needs it (KeptEvaluator)."""
     with replaced_atomically(path) as tmp:
         with open(tmp, "wb") as f:
-            np.savez(f, key=np.array(json.dumps(key, default=str)), long=long.numpy(), short=short.numpy())
+            np.savez(
+                f,
+                key=np.array(json.dumps(key, default=str)),
+                about=np.array(json.dumps(about, default=str)),
+                long=long.numpy(),
+                short=short.numpy(),
+            )
+
+
+@dataclass
+class KeptEvaluator:
+    """An evaluator read from the losses it kept (key_tokens.evaluator_losses=<folder>): what a probe
+    needs of it is its losses on the text, so a folder of key_tokens-*.npz files written by one
+    evaluator stands in for its checkpoint, on a machine that does not have it or cannot run it.
+    The files say which evaluator wrote them (its weights, method, training length, tokenizer), and a
+    length, text, K or S they do not hold is refused, never computed."""
+
+    path: str  # the folder
+    identity: dict
+    scaling: dict | None
+    train_len: int
+    scheme: str
+    method: str
+    tokenizer: str | None  # tokenizer_digest of the evaluator's tokenizer
+    checkpoint: str | None
+    keys: dict[str, dict]  # file -> its key (cache_key)
+    shapes: dict[str, tuple]  # file -> (windows, length)
+
+    def file_for(self, key: dict) -> str | None:
+        wanted = json.loads(json.dumps(key, default=str))
+        return next((p for p, k in self.keys.items() if k == wanted), None)
+
+    def held(self) -> str:
+        """What the files hold, for a refusal: each file's windows, K, S and text."""
+        return "; ".join(
+            f"{w} windows of {t} tokens with K = {k['short']}, S = {k['stride']} (text {k['text']})"
+            for p, k in sorted(self.keys.items(), key=lambda pk: (self.shapes[pk[0]][1], pk[1]["short"]))
+            for w, t in [self.shapes[p]]
+        )
+
+
+def read_kept(folder: str, setting: str = "key_tokens.evaluator_losses") -> KeptEvaluator:
+    """The evaluator whose losses `folder` keeps (every key_tokens-*.npz in it, all of one evaluator)."""
+    names = []
+    if os.path.isdir(folder):
+        names = sorted(n for n in os.listdir(folder) if n.startswith("key_tokens-") and n.endswith(".npz"))
+    if not names:
+        raise ConfigError(
+            f"{setting}={folder} holds no key_tokens-*.npz file: give the folder where a key-token run kept its "
+            f"evaluator's losses (its out=, or its key_tokens.cache=), or name the evaluator itself with "
+            f"key_tokens.evaluator=<checkpoint, run folder or hf:model>."
+        )
+    keys, shapes, abouts = {}, {}, {}
+    for name in names:
+        path = os.path.join(folder, name)
+        try:
+            with np.load(path, allow_pickle=False) as f:
+                keys[path] = json.loads(str(f["key"]))
+                abouts[path] = json.loads(str(f["about"])) if "about" in f.files else None
+                shapes[path] = tuple(int(v) for v in f["long"].shape)
+        except (OSError, ValueError, KeyError) as e:
+            raise ConfigError(f"{setting}: {path} cannot be read as an evaluator's kept losses ({e}).") from None
+        if abouts[path] is None:
+            raise ConfigError(
+                f"{setting}: {path} was written before kept losses named their evaluator (its training length and "
+                f"tokenizer), so it cannot stand in for it. Run the probe once with key_tokens.evaluator=<the "
+                f"evaluator> and key_tokens.cache={folder} to write them again."
+            )
+    first = next(iter(keys))
+    for path in keys:
+        same = [keys[path]["evaluator"]] + [abouts[path].get(k) for k in ("train_len", "tokenizer")]
+        if same != [keys[first]["evaluator"]] + [abouts[first].get(k) for k in ("train_len", "tokenizer")]:
+            raise ConfigError(
+                f"{setting}={folder} holds the losses of more than one evaluator ({first}: weights "
+                f"{keys[first]['evaluator']['identity'].get('weights')}; {path}: weights "
+                f"{keys[path]['evaluator']['identity'].get('weights')}), and key tokens are chosen by one. Give a "
+                f"folder that holds one evaluator's files."
+            )
+    about = abouts[first]
+    return KeptEvaluator(
+        path=folder,
+        identity=keys[first]["evaluator"]["identity"],
+        scaling=keys[first]["evaluator"].get("scaling"),
+        train_len=int(about["train_len"]),
+        scheme=about.get("scheme", "?"),
+        method=about.get("method", "?"),
+        tokenizer=about.get("tokenizer"),
+        checkpoint=about.get("checkpoint"),
+        keys=keys,
+        shapes=shapes,
+    )
+
+
+def kept_losses(path: str) -> tuple[torch.Tensor, torch.Tensor]:
+    with np.load(path, allow_pickle=False) as f:
+        return torch.from_numpy(f["long"].copy()), torch.from_numpy(f["short"].copy())
 
 
 def evaluator_losses(

@@ -70,7 +70,8 @@ class RepeatedSpanSettings:
 class KeyTokenSettings:
     """key_tokens.*: the evaluator that chooses the key tokens, the text and the selection's thresholds."""
 
-    evaluator: str | None = None  # required: a checkpoint, a run folder or hf:<model>
+    evaluator: str | None = None  # a checkpoint, a run folder or hf:<model>; this or evaluator_losses is required
+    evaluator_losses: str | None = None  # in its place: a folder of the losses an evaluator kept (key_tokens-*.npz)
     evaluator_scaling: dict | None = None  # the evaluator's method (null: its own)
     lengths: list[int] | None = None  # window lengths T; null: multipliers x the evaluator's training length
     multipliers: list[float] = field(default_factory=lambda: [2, 4, 8])
@@ -82,13 +83,25 @@ class KeyTokenSettings:
     cache: str | None = None  # folder of the evaluator's losses; null: out=
 
     def validate(self):
-        if not self.evaluator:
+        if self.evaluator and self.evaluator_losses:
+            raise ConfigError(
+                f"key_tokens.evaluator={self.evaluator} and key_tokens.evaluator_losses={self.evaluator_losses} are "
+                f"both given: the key tokens are chosen by one evaluator, either the model itself or the losses it "
+                f"kept in a folder (which stand in for it where the model is not at hand). Give one of the two."
+            )
+        if self.evaluator_losses and (self.evaluator_scaling or self.cache):
+            raise ConfigError(
+                f"key_tokens.evaluator_losses={self.evaluator_losses} reads the losses an evaluator kept, under the "
+                f"method it ran and from that folder, so key_tokens.evaluator_scaling= and key_tokens.cache= have "
+                f"nothing to act on: leave them out (the files record the evaluator's method)."
+            )
+        if not self.evaluator and not self.evaluator_losses:
             raise ConfigError(
                 "key_tokens.evaluator= is required for the key_tokens probe: the fixed model that chooses the key "
                 "tokens (a .ckpt file, a run folder or hf:<model>), named by the user so that every model compared "
                 "is scored on the same tokens; there is no default, and the model under test itself is accepted "
-                "only when named. Give key_tokens.evaluator=<model>, or leave the probe out with "
-                "probes=[repeated_span]."
+                "only when named. Give key_tokens.evaluator=<model>, or key_tokens.evaluator_losses=<folder> (the "
+                "losses an evaluator kept, in its place), or leave the probe out with probes=[repeated_span]."
             )
         _check_lengths(self.lengths, self.multipliers, "key_tokens.lengths", "key_tokens.multipliers")
         if self.token_budget < 1:
@@ -263,18 +276,30 @@ def run_long_range(s: LongRangeSettings, command: list[str] | None = None) -> di
             settings["repeated_span"]["prefix"] = prefix
     if "key_tokens" in probes:
         same = kt.evaluator == s.ckpt and (kt.evaluator_scaling or None) == (s.scaling or None)
-        evaluator = (
-            trained if same else open_model(kt.evaluator, s.device, kt.evaluator_scaling, "key_tokens.evaluator")
-        )
-        if not K.same_tokenizer(trained.tokenizer_json, evaluator.tokenizer_json):
-            raise ConfigError(_other_tokenizer(s.ckpt, kt.evaluator, trained, evaluator))
+        if kt.evaluator_losses:
+            evaluator = K.read_kept(kt.evaluator_losses)
+            if evaluator.tokenizer is None or evaluator.tokenizer != K.tokenizer_digest(trained.tokenizer_json):
+                raise ConfigError(_other_tokenizer(s.ckpt, kt.evaluator_losses, trained, None, evaluator))
+        else:
+            evaluator = (
+                trained if same else open_model(kt.evaluator, s.device, kt.evaluator_scaling, "key_tokens.evaluator")
+            )
+            if not K.same_tokenizer(trained.tokenizer_json, evaluator.tokenizer_json):
+                raise ConfigError(_other_tokenizer(s.ckpt, kt.evaluator, trained, evaluator))
         if prefix:
             log.warning(mid_text_warning(tokenizer, "The key-token probe"))
         lengths = _resolve(evaluator.train_len, kt.lengths, kt.multipliers)
+        if kt.evaluator_losses and not kt.lengths:  # the lengths the kept losses hold, not multiples of its L
+            lengths = sorted({T for _, T in evaluator.shapes.values()})
+        if kt.evaluator_losses:  # K and S default to the ones the kept losses were computed with, where they agree
+            held = {(k["short"], k["stride"]) for k in evaluator.keys.values()}
+            if len(held) == 1 and kt.short in (None, next(iter(held))[0]):
+                kt.short, kt.stride = kt.short or next(iter(held))[0], kt.stride or next(iter(held))[1]
         kt.short = kt.short or evaluator.train_len
         kt.stride = kt.stride or max(1, kt.short // 4)
         K.check(kt.short, kt.stride, kt.alpha, kt.beta, lengths)
-        evaluator.model.validate_length(max(lengths))
+        if not kt.evaluator_losses:
+            evaluator.model.validate_length(max(lengths))
         model.validate_length(max(lengths))
         if evaluator.identity == trained.identity:
             # Same weights: the tokens are chosen by the model under test, as run or under another scaling; either
@@ -284,10 +309,10 @@ def run_long_range(s: LongRangeSettings, command: list[str] | None = None) -> di
                 "with another model's only when that one is scored with this same evaluator (key_tokens.evaluator=%s "
                 "under method %s).",
                 "the same model, as run"
-                if same
-                else f"under method {_method(evaluator.model)} where the model under test runs {_method(model)}",
-                kt.evaluator,
-                _method(evaluator.model),
+                if same or _evaluator_method(evaluator) == _method(model)
+                else f"under method {_evaluator_method(evaluator)} where the model under test runs {_method(model)}",
+                kt.evaluator or kt.evaluator_losses,
+                _evaluator_method(evaluator),
             )
         settings["key_tokens"] = {
             "evaluator_scaling": kt.evaluator_scaling,
@@ -307,8 +332,8 @@ def run_long_range(s: LongRangeSettings, command: list[str] | None = None) -> di
                 record_path,
                 kept.get("identity"),
                 evaluator.identity,
-                kt.evaluator,
-                "key_tokens.evaluator",
+                kt.evaluator or kt.evaluator_losses,
+                "key_tokens.evaluator" if kt.evaluator else "key_tokens.evaluator_losses",
                 kept.get("source"),
             )
     if s.existing == "continue":
@@ -326,6 +351,9 @@ def run_long_range(s: LongRangeSettings, command: list[str] | None = None) -> di
             f"The {s.split} split has {len(tokens)} tokens, too few for one key-token window of {max(lengths)} (it "
             f"needs {max(lengths) + 1}). Use shorter key_tokens.lengths / key_tokens.multipliers or a larger corpus."
         )
+
+    if isinstance(evaluator, K.KeptEvaluator):
+        _check_kept(evaluator, kt, tokens, lengths)
 
     text = {"split": s.split, "tokens": int(len(tokens)), "digest": _digest(tokens), **corpus}
     if earlier is not None and (earlier.get("text") or {}).get("digest") not in (None, text["digest"]):
@@ -385,12 +413,42 @@ def run_long_range(s: LongRangeSettings, command: list[str] | None = None) -> di
     return json.loads(json.dumps(record, default=str))
 
 
-def _other_tokenizer(ckpt: str, source: str, trained, evaluator) -> str:
-    missing = [name for name, t in (("ckpt", trained), ("key_tokens.evaluator", evaluator)) if not t.tokenizer_json]
+def _key(evaluator, kt: KeyTokenSettings, x, y) -> dict:
+    """The kept losses' key for these windows: the evaluator (by weights and method), the text, K and S."""
+    scaling = evaluator.scaling if isinstance(evaluator, K.KeptEvaluator) else kt.evaluator_scaling
+    return K.cache_key({"identity": evaluator.identity, "scaling": scaling}, K.text_digest(x, y), kt.short, kt.stride)
+
+
+def _check_kept(evaluator: K.KeptEvaluator, kt: KeyTokenSettings, tokens, lengths: list[int]) -> None:
+    """Every length's losses are in the folder, for this text, K and S, before any model reads a token."""
+    for T in lengths:
+        x, y = K.windows(tokens, T, K.window_count(len(tokens), T, kt.token_budget))
+        if evaluator.file_for(_key(evaluator, kt, x, y)) is None:
+            raise ConfigError(
+                f"key_tokens.evaluator_losses={evaluator.path} holds no losses for {x.shape[0]} windows of {T} tokens "
+                f"of this text (checksum {K.text_digest(x, y)}) with K = {kt.short} and S = {kt.stride}; it holds "
+                f"{evaluator.held()}. Kept losses are read, never computed: give the lengths, token_budget, short and "
+                f"stride they were written with, the corpus and split they read, or the evaluator itself "
+                f"(key_tokens.evaluator=) to score the rest."
+            )
+
+
+def _evaluator_method(evaluator) -> str:
+    return evaluator.method if isinstance(evaluator, K.KeptEvaluator) else _method(evaluator.model)
+
+
+def _other_tokenizer(ckpt: str, source: str, trained, evaluator, kept: K.KeptEvaluator | None = None) -> str:
+    if kept is not None:
+        missing = [] if trained.tokenizer_json else ["ckpt"]
+        missing += [] if kept.tokenizer else ["key_tokens.evaluator_losses"]
+        setting = "key_tokens.evaluator_losses"
+    else:
+        missing = [n for n, t in (("ckpt", trained), ("key_tokens.evaluator", evaluator)) if not t.tokenizer_json]
+        setting = "key_tokens.evaluator"
     why = (
         f"{' and '.join(missing)} carries no tokenizer"
         if missing
-        else f"ckpt={ckpt} and key_tokens.evaluator={source} carry different tokenizers"
+        else f"ckpt={ckpt} and {setting}={source} carry different tokenizers"
     )
     return (
         f"{why}, so the evaluator cannot read the tokens the model under test reads. Key tokens are positions in "
@@ -418,18 +476,31 @@ def _new_record(s: LongRangeSettings, trained) -> dict:
 
 
 def _describe_evaluator(evaluator, kt: KeyTokenSettings) -> dict:
+    kept = isinstance(evaluator, K.KeptEvaluator)
     return {
-        "source": kt.evaluator,
-        "checkpoint": from_here(evaluator.path),
+        "source": kt.evaluator_losses if kept else kt.evaluator,
+        "checkpoint": evaluator.checkpoint if kept else from_here(evaluator.path),
         "identity": evaluator.identity,
         "scheme": evaluator.scheme,
-        "method": _method(evaluator.model),
-        "scaling": kt.evaluator_scaling,
+        "method": _evaluator_method(evaluator),
+        "scaling": evaluator.scaling if kept else kt.evaluator_scaling,
         "train_len": evaluator.train_len,
         "short": kt.short,
         "stride": kt.stride,
         "alpha": kt.alpha,
         "beta": kt.beta,
+    }
+
+
+def _kept_about(evaluator, kt: KeyTokenSettings) -> dict:
+    """What a probe that reads the kept losses in the evaluator's place needs to know of it."""
+    return {
+        "source": kt.evaluator,
+        "checkpoint": from_here(evaluator.path),
+        "scheme": evaluator.scheme,
+        "method": _method(evaluator.model),
+        "train_len": evaluator.train_len,
+        "tokenizer": K.tokenizer_digest(evaluator.tokenizer_json),
     }
 
 
@@ -469,7 +540,7 @@ def _key_tokens(s, kt: KeyTokenSettings, trained, evaluator, tokens, lengths, re
     done = progress["key_tokens"]
     section = record["key_tokens"]
     rows = {r["length"]: r for r in section["rows"]}
-    ident = {"identity": evaluator.identity, "scaling": kt.evaluator_scaling}
+    kept_only = isinstance(evaluator, K.KeptEvaluator)
     model = trained.model
     model.eval()
     for T in lengths:
@@ -480,13 +551,13 @@ def _key_tokens(s, kt: KeyTokenSettings, trained, evaluator, tokens, lengths, re
         count = K.window_count(len(tokens), T, kt.token_budget)
         x, y = K.windows(tokens, T, count)
         digest = K.text_digest(x, y)
-        key = K.cache_key(ident, digest, kt.short, kt.stride)
-        path = K.cache_file(kt.cache or out_dir(), key)
-        kept = K.read_cached(path, key)
+        key = _key(evaluator, kt, x, y)
+        path = evaluator.file_for(key) if kept_only else K.cache_file(kt.cache or out_dir(), key)
+        kept = K.kept_losses(path) if kept_only else K.read_cached(path, key)
         if kept is None:
             long, short = K.evaluator_losses(evaluator.model, x, y, kt.short, kt.stride, s.batch_tokens)
             os.makedirs(os.path.dirname(path), exist_ok=True)
-            K.write_cached(path, key, long, short)
+            K.write_cached(path, key, long, short, _kept_about(evaluator, kt))
             progress["evaluator_files"].append(path)
         else:
             log.info("key tokens, length %d: the evaluator's losses read from %s", T, path)
