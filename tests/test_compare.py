@@ -425,12 +425,17 @@ def test_a_seed_aggregate_needs_the_same_settings(tmp_path):
     )
     write_run(tmp_path / "s" / "f", "rope", seed=2, config={"trainer": {"max_steps": 90}})  # a longer training
     write_run(tmp_path / "s" / "g", "rope", seed=3, config={"trainer": {"max_steps": 90}})
+    # runs continued from their own seed's base (train_long_bound's init_from names rope_seed<N>): replicas too
+    for seed, run in ((0, "h"), (2, "i")):
+        base = {"init_from": f"outputs/base/rope_seed{seed}_none_L64", "trainer": {"max_steps": 30}}
+        write_run(tmp_path / "s" / run, "rope", seed=seed, config=base)
     summary = compare([str(tmp_path / "s")], str(tmp_path / "o"))
     (g,) = summary["groups"]
     assert sorted([s.run_dir[-1] for s in a.members] for a in g.seed_aggregates()) == [
         ["a", "b"],
         ["d", "e"],
         ["f", "g"],
+        ["h", "i"],
     ]
 
 

@@ -76,6 +76,9 @@ def test_train_long_bound_continues_each_headline_seed_at_1024_with_as_many_wind
     headline, _ = compose(["+experiment=pe_headline"])
     arm, subdir, sweep = compose_with_hydra("config", ["+experiment=train_long_bound", "seed=1"])
     assert sweep["seed"] == "0,1,2" and subdir == "rope_L1024_from_L64_seed1"
+    # The headline's sweep over five schemes is not inherited: its ALiBi, NoPE, ... runs would each try to continue
+    # the RoPE checkpoint into the same folder (the multirun's other four jobs refused).
+    assert sweep["experiment/pe_scheme@_global_"] == "rope"
     assert arm["init_from"] == "outputs/results/pe_headline_pg19_6000/rope_seed1_none_L64"  # the same seed's base
     run = resolve_run(arm)
     assert run.data.seq_len == 16 * headline["data"]["seq_len"]

@@ -12,7 +12,9 @@ from rope_lm.runs.run_settings import BOOKKEEPING, TASK_BOOKKEEPING, without
 # What an evaluation was asked for besides a row (the other methods it scored, the lengths it covered)
 # says nothing about the row: two evaluations of one model under one method are the same series.
 EVALUATION_SCOPE = {"methods", "eval.lengths", "eval.multipliers"}
-NOT_A_SETTING = BOOKKEEPING | TASK_BOOKKEEPING | EVALUATION_SCOPE | {"seed", "model_identity"}
+# A continued run's init_from names its own seed's base run (train_long_bound: rope_seed<N>), so seed replicas of
+# continued runs differ in it by construction; it is where the weights came from, like ckpt_path, not a setting.
+NOT_A_SETTING = BOOKKEEPING | TASK_BOOKKEEPING | EVALUATION_SCOPE | {"seed", "model_identity", "init_from"}
 # Where a run's inputs came from (the checkpoint it resumed or evaluated, its weights' checksum
 # and step, the tokenizer file an evaluation copied), not what it computed: never a name.
 NOT_A_NAME = ("ckpt_path", "model_identity", "init_from", "existing", "data.tokenizer_file")
