@@ -289,12 +289,14 @@ def run_long_range(s: LongRangeSettings, command: list[str] | None = None) -> di
         if prefix:
             log.warning(mid_text_warning(tokenizer, "The key-token probe"))
         lengths = _resolve(evaluator.train_len, kt.lengths, kt.multipliers)
-        if kt.evaluator_losses and not kt.lengths:  # the lengths the kept losses hold, not multiples of its L
-            lengths = sorted({T for _, T in evaluator.shapes.values()})
-        if kt.evaluator_losses:  # K and S default to the ones the kept losses were computed with, where they agree
+        if kt.evaluator_losses:  # lengths, K and S default to the kept losses' own (K and S where the files agree)
+            if not kt.lengths:
+                lengths = sorted({T for _, T in evaluator.shapes.values()})
             held = {(k["short"], k["stride"]) for k in evaluator.keys.values()}
-            if len(held) == 1 and kt.short in (None, next(iter(held))[0]):
-                kt.short, kt.stride = kt.short or next(iter(held))[0], kt.stride or next(iter(held))[1]
+            if len(held) == 1:
+                ((short, stride),) = held
+                if kt.short in (None, short):
+                    kt.short, kt.stride = short, kt.stride or stride
         kt.short = kt.short or evaluator.train_len
         kt.stride = kt.stride or max(1, kt.short // 4)
         K.check(kt.short, kt.stride, kt.alpha, kt.beta, lengths)
@@ -413,20 +415,21 @@ def run_long_range(s: LongRangeSettings, command: list[str] | None = None) -> di
     return json.loads(json.dumps(record, default=str))
 
 
-def _key(evaluator, kt: KeyTokenSettings, x, y) -> dict:
-    """The kept losses' key for these windows: the evaluator (by weights and method), the text, K and S."""
+def _key(evaluator, kt: KeyTokenSettings, digest: str) -> dict:
+    """The kept losses' key for windows of text `digest`: the evaluator (by weights and method), the text, K, S."""
     scaling = evaluator.scaling if isinstance(evaluator, K.KeptEvaluator) else kt.evaluator_scaling
-    return K.cache_key({"identity": evaluator.identity, "scaling": scaling}, K.text_digest(x, y), kt.short, kt.stride)
+    return K.cache_key({"identity": evaluator.identity, "scaling": scaling}, digest, kt.short, kt.stride)
 
 
 def _check_kept(evaluator: K.KeptEvaluator, kt: KeyTokenSettings, tokens, lengths: list[int]) -> None:
     """Every length's losses are in the folder, for this text, K and S, before any model reads a token."""
     for T in lengths:
         x, y = K.windows(tokens, T, K.window_count(len(tokens), T, kt.token_budget))
-        if evaluator.file_for(_key(evaluator, kt, x, y)) is None:
+        digest = K.text_digest(x, y)
+        if evaluator.file_for(_key(evaluator, kt, digest)) is None:
             raise ConfigError(
                 f"key_tokens.evaluator_losses={evaluator.path} holds no losses for {x.shape[0]} windows of {T} tokens "
-                f"of this text (checksum {K.text_digest(x, y)}) with K = {kt.short} and S = {kt.stride}; it holds "
+                f"of this text (checksum {digest}) with K = {kt.short} and S = {kt.stride}; it holds "
                 f"{evaluator.held()}. Kept losses are read, never computed: give the lengths, token_budget, short and "
                 f"stride they were written with, the corpus and split they read, or the evaluator itself "
                 f"(key_tokens.evaluator=) to score the rest."
@@ -494,14 +497,9 @@ def _describe_evaluator(evaluator, kt: KeyTokenSettings) -> dict:
 
 def _kept_about(evaluator, kt: KeyTokenSettings) -> dict:
     """What a probe that reads the kept losses in the evaluator's place needs to know of it."""
-    return {
-        "source": kt.evaluator,
-        "checkpoint": from_here(evaluator.path),
-        "scheme": evaluator.scheme,
-        "method": _method(evaluator.model),
-        "train_len": evaluator.train_len,
-        "tokenizer": K.tokenizer_digest(evaluator.tokenizer_json),
-    }
+    described = _describe_evaluator(evaluator, kt)
+    about = {k: described[k] for k in ("source", "checkpoint", "scheme", "method", "train_len")}
+    return {**about, "tokenizer": K.tokenizer_digest(evaluator.tokenizer_json)}
 
 
 def _repeated_span(s, rs: RepeatedSpanSettings, trained, tokens, distances, record, save, progress) -> None:
@@ -551,7 +549,7 @@ def _key_tokens(s, kt: KeyTokenSettings, trained, evaluator, tokens, lengths, re
         count = K.window_count(len(tokens), T, kt.token_budget)
         x, y = K.windows(tokens, T, count)
         digest = K.text_digest(x, y)
-        key = _key(evaluator, kt, x, y)
+        key = _key(evaluator, kt, digest)
         path = evaluator.file_for(key) if kept_only else K.cache_file(kt.cache or out_dir(), key)
         kept = K.kept_losses(path) if kept_only else K.read_cached(path, key)
         if kept is None:
