@@ -191,7 +191,7 @@ def test_each_model_against_its_own_window_paired_over_windows_or_over_seeds(rec
     """The ratio of a model's key-token PPL (and PPL) to its own window control's: a lone seed gets the paired
     bootstrap over the windows (here every key token of the control costs exactly 0.2 nats more, so every
     resample gives exp(-0.2): a paired interval of no width, where the windows' own spread is wide); seeds get
-    the mean, sd and t-interval of their per-seed ratios, by hand."""
+    the t-interval of their per-seed log ratios, by hand, shown as ratios."""
     counts = [3, 1, 4, 1, 5, 9, 2, 6]
     key_loss = [c * v for c, v in zip(counts, (2.0, 3.5, 1.0, 4.0, 2.5, 1.5, 3.0, 2.0))]
     loss = [32 * v for v in (5.0, 5.5, 4.8, 6.0, 5.2, 4.9, 5.1, 5.3)]
@@ -230,9 +230,17 @@ def test_each_model_against_its_own_window_paired_over_windows_or_over_seeds(rec
         write_probe(record, root / f"w{seed}", "rope", seed, (0, 0, 0, 0), control)
     out = compare_long_range([str(root)], str(tmp_path / "cmp2"))
     (key,) = [r for r in out["rows"] if r["quantity"] == "key_ppl_over_window"]
-    values = [math.exp(-c) for c in (0.1, 0.2, 0.4)]
-    assert (key["n"], key["interval"], key["seeds"]) == (3, "t", "0 1 2")
-    assert (key["mean"], key["sd"], key["lo"], key["hi"]) == pytest.approx(hand(values), rel=1e-9)
+    # Read as the rules read ratios: the t-interval of the per-seed log ratios (-0.1, -0.2, -0.4), its mean
+    # and ends taken back to ratios, so the interval stays positive however wide the seeds' spread.
+    mean, sd, lo, hi = hand([-0.1, -0.2, -0.4])
+    assert (key["n"], key["interval"], key["seeds"]) == (3, "t, log", "0 1 2")
+    assert (key["mean"], key["sd"], key["lo"], key["hi"]) == pytest.approx(
+        (math.exp(mean), sd, math.exp(lo), math.exp(hi)), rel=1e-9
+    )
+    assert key["values"] == " ".join(f"{math.exp(-c):.6g}" for c in (0.1, 0.2, 0.4))
+    md = open(out["files"]["markdown"]).read()
+    shown = f"{math.exp(mean):.3f} ×/÷ {math.exp(sd):.3f} [{math.exp(lo):.3f}, {math.exp(hi):.3f}]"
+    assert f"| 32 | 2 | rope | 3 | {shown} |" in md
 
 
 def test_the_probe_keeps_the_per_window_sums_its_ppls_come_from(record):

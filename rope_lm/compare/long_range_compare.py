@@ -5,6 +5,7 @@ it reads long_range.json files only. Models are named as the other comparisons n
 (rope_lm.compare.labels)."""
 
 import json
+import math
 import os
 import re
 
@@ -319,9 +320,26 @@ def _window_units(row: dict, name: str) -> bootstrap.Units | None:
 OVER_WINDOW = (("key_ppl_over_window", "key_ppl", "key_loss"), ("ppl_over_window", "ppl", "loss"))
 
 
+def _ratio_interval(ratios: list[float]) -> dict | None:
+    """Per-seed ratios summarised as the rules read them (noise.py): the t-interval of their logs, shown as
+    the geometric mean and the interval's ends back on the ratio scale, so an interval never crosses 0 and
+    a ratio and its inverse get mirrored intervals; `sd` is the sd of the logs (a factor exp(sd) each
+    way). None for a lone seed."""
+    st = seed_interval(math.log(v) for v in ratios)
+    if st is None:
+        return None
+    return {
+        **st,
+        "mean": math.exp(st["mean"]),
+        "lo": math.exp(st["lo"]),
+        "hi": math.exp(st["hi"]),
+        "interval": "t, log",
+    }
+
+
 def window_rows(groups: list[tuple[str, list[dict]]], controls: dict, resamples: int = 1000) -> list[dict]:
     """Each model's key-token PPL and PPL over its own window control's at each length, per seed; over seeds
-    the mean, sd and t-interval of the per-seed ratios (training noise), and for a lone seed the paired
+    the geometric mean and t-interval of the per-seed ratios (_ratio_interval: training noise), and for a lone seed the paired
     bootstrap over the windows both were scored on (the same windows and key tokens)."""
     rows = []
     for label, members in groups:
@@ -339,10 +357,8 @@ def window_rows(groups: list[tuple[str, list[dict]]], controls: dict, resamples:
             for T in sorted(by_T):
                 got = by_T[T]
                 values = [row[name] / other[name] for _, row, other in got]
-                st = seed_interval(values)
-                if st is not None:
-                    st = {**st, "interval": "t"}
-                else:
+                st = _ratio_interval(values)
+                if st is None:
                     _, row, other = got[0]
                     a, b = _window_units(row, sums), _window_units(other, sums)
                     ci = (
@@ -366,6 +382,8 @@ def window_table(rows: list[dict], labels: list[str]) -> str:
     def shown(st):
         if st is None:
             return "—"
+        if st["interval"] == "t, log":
+            return f"{st['mean']:.3f} ×/÷ {math.exp(st['sd']):.3f} " + _interval(st, "{:.3f}")
         text = _mean_sd(st, "{:.3f}") + " " + _interval(st, "{:.3f}").replace(" (bootstrap)", "")
         return text + (" (paired)" if st["interval"] == "paired bootstrap" else "")
 
@@ -383,8 +401,9 @@ WINDOW_NOTE = (
     "Each model against itself cut to a window (its own window control, probed with scaling=window on the same "
     "weights): the ratio of its key-token PPL, and of its PPL, to the control's on the same windows and key "
     "tokens. Below 1: it reads those tokens better with the whole window than cut to the control's width. "
-    "Over seeds: mean ± sd of the per-seed ratios and their 95% t-interval (training noise included); a lone "
-    "seed: its paired bootstrap interval over the windows (text noise only)."
+    "Over seeds: the geometric mean of the per-seed ratios ×/÷ the geometric sd, and the 95% t-interval of their "
+    "logs taken back to ratios (training noise included; the rules' reading, noise.py); a lone seed: its paired "
+    "bootstrap interval over the windows (text noise only)."
 )
 
 
