@@ -339,8 +339,8 @@ def _ratio_interval(ratios: list[float]) -> dict | None:
 
 def window_rows(groups: list[tuple[str, list[dict]]], controls: dict, resamples: int = 1000) -> list[dict]:
     """Each model's key-token PPL and PPL over its own window control's at each length, per seed; over seeds
-    the geometric mean and t-interval of the per-seed ratios (_ratio_interval: training noise), and for a lone seed the paired
-    bootstrap over the windows both were scored on (the same windows and key tokens)."""
+    the geometric mean and t-interval of the per-seed ratios (_ratio_interval: training noise), and for a
+    lone seed the paired bootstrap over the windows both were scored on (the same windows and key tokens)."""
     rows = []
     for label, members in groups:
         paired = [(r, controls[r["run_dir"]]) for r in members if r["run_dir"] in controls]
