@@ -932,3 +932,42 @@ def test_plot_styles_give_a_schemes_seeds_one_colour_and_other_schemes_others():
     assert r0[0] == r1[0] and a0[0] == a1[0] and r0[0] != a0[0]  # a colour per scheme
     assert r0[1] != r1[1] and a0[1] != a1[1]  # seeds apart by dash
     assert n[0] == nl[0] and n[1] != nl[1] and n[0] not in (r0[0], a0[0])  # a method's variants: one colour
+
+
+def test_a_name_keeps_only_the_settings_that_tell_its_rows_apart():
+    """RoPE, p-RoPE and a bound trained at 1,024 (with its own steps, learning rate and warmup) in one table:
+    the names need the training length and the proportion alone, whatever else the bound changed; seed replicas
+    still get their seeds."""
+    from rope_lm.compare.labels import distinct_labels
+
+    def flat(seq_len, steps, lr, warmup, p):
+        return {
+            "data.seq_len": seq_len,
+            "max_steps": steps,
+            "optim.lr": lr,
+            "optim.warmup_steps": warmup,
+            "pos.p_rope": p,
+        }
+
+    rope, p_rope, bound = (
+        flat(64, 6000, 0.002, 50, 1.0),
+        flat(64, 6000, 0.002, 50, 0.75),
+        flat(1024, 300, 5e-4, 20, 1.0),
+    )
+    entries = [
+        ("t", "rope", f, f"runs/{n}_seed{s}", s)
+        for n, f in (("rope", rope), ("p", p_rope), ("b", bound))
+        for s in (0, 1)
+    ]
+    assert distinct_labels(entries) == [
+        "rope (data.seq_len=64, pos.p_rope=1.0) (seed=0)",
+        "rope (data.seq_len=64, pos.p_rope=1.0) (seed=1)",
+        "rope (data.seq_len=64, pos.p_rope=0.75) (seed=0)",
+        "rope (data.seq_len=64, pos.p_rope=0.75) (seed=1)",
+        "rope (data.seq_len=1024, pos.p_rope=1.0) (seed=0)",
+        "rope (data.seq_len=1024, pos.p_rope=1.0) (seed=1)",
+    ]
+    # Without p-RoPE, the training length alone names the two; a learning-rate sweep is named by the rate.
+    assert distinct_labels([e for e in entries if e[2] is not p_rope])[0] == "rope (data.seq_len=64) (seed=0)"
+    lrs = [("t", "rope", {"optim.lr": lr, "data.seq_len": 64}, f"r{lr}", None) for lr in (1e-3, 2e-3)]
+    assert distinct_labels(lrs) == ["rope (optim.lr=0.001)", "rope (optim.lr=0.002)"]

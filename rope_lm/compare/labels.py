@@ -58,12 +58,46 @@ def differing_keys(flat: list[dict]) -> list[str]:
     )
 
 
+# The settings a name keeps first when fewer tell the rows apart: what the runs are (scheme, method, training length)
+# before how they were trained; the optimiser's settings go first, since a study rarely varies them alone.
+KEY_ORDER = (
+    "pos.",
+    "scaling.",
+    "data.seq_len",
+    "train_positions.",
+    "trainer.max_steps",
+    "max_steps",
+    "model.",
+    "data.",
+)
+
+
+def _key_rank(key: str) -> int:
+    return next((r for r, p in enumerate(KEY_ORDER) if key.startswith(p)), len(KEY_ORDER) + key.startswith("optim."))
+
+
+def fewest_keys(keys: set[str], groups: list[list[dict]]) -> set[str]:
+    """Of keys, the ones a name needs: each key in turn, last in KEY_ORDER first, is dropped while every
+    group of clashing rows still has as many distinct settings without it. A bound trained at 1,024 with its
+    own steps and learning rate beside RoPE and p-RoPE reads "rope (data.seq_len=1024, pos.p_rope=1.0)",
+    not every setting in which it differs."""
+
+    def distinct(ks, rows):
+        return len({json.dumps([r.get(k) for k in sorted(ks)], sort_keys=True, default=str) for r in rows})
+
+    kept = set(keys)
+    for k in sorted(keys, key=lambda k: (-_key_rank(k), k)):
+        if all(distinct(kept - {k}, rows) == distinct(kept, rows) for rows in groups):
+            kept.discard(k)
+    return kept
+
+
 def distinct_labels(entries: list[tuple]) -> list[str]:
     """entries: (scope, base label, flat settings, folder, seed or None) per row;
     rows of one scope (a table) must not share a name. Every row of a base
-    label that clashes somewhere gets the settings the clashing rows differ in
-    (so one label reads the same in every scope: a budget sweep's
-    train.steps=1000 / 10000); rows that still clash get their seeds where
+    label that clashes somewhere gets the fewest of the settings the clashing
+    rows differ in that tell them apart (fewest_keys; so one label reads the
+    same in every scope: a budget sweep's train.steps=1000 / 10000); rows that still clash get their seeds where
     those tell them apart (seed replicas: "rope (seed=1)"), else their
     folders (the same settings twice)."""
     labels = [base for _, base, _, _, _ in entries]
@@ -74,9 +108,12 @@ def distinct_labels(entries: list[tuple]) -> list[str]:
             by.setdefault((scope, labels[i]), []).append(i)
         return [idx for idx in by.values() if len(idx) > 1]
 
-    shown = {}
+    groups, shown = {}, {}
     for idx in clashes():
+        groups.setdefault(labels[idx[0]], []).append(idx)
         shown.setdefault(labels[idx[0]], set()).update(differing_keys([entries[i][2] for i in idx]))
+    for base, keys in shown.items():
+        shown[base] = fewest_keys(keys, [[entries[i][2] for i in idx] for idx in groups[base]])
     for i, (_, _, flat, _, _) in enumerate(entries):
         keys = [k for k in sorted(shown.get(labels[i], ())) if k in flat]
         if keys:
