@@ -101,3 +101,26 @@ def test_a_later_sitting_in_the_same_folder_pairs_with_the_windows_the_first_one
     del scored[:]
     evaluate(model, stream, out, methods=[None], results=copy.deepcopy(earlier))
     assert scored[:2] == [("none", L), ("none", 4 * L)]
+
+
+def test_a_control_narrower_than_L_takes_nones_row_below_its_width_with_its_own_relative_ppl(stream, tmp_path):
+    """The bound's control: a model of L cut to L / 2 computes at L / 2 what it computes whole, so that row is
+    none's, but its PPL relative to L is over the control's own PPL at L, not none's (none's ratio copied
+    across read 1.12 where the control's is 1.09 for the bound of seed 0), with the paired interval of the
+    control alone."""
+    half = cfg(multipliers=[0.5, 1, 2])
+    both = evaluate(tiny("rope"), stream, tmp_path / "both", methods=[None], eval_cfg=half, window=L // 2)
+    window, none = rows_of(both, "window"), rows_of(both, "none")
+    assert window[L // 2]["same_as"] == "none" and window[L]["ppl"] != none[L]["ppl"]
+    assert window[L // 2]["ppl_rel"] == pytest.approx(window[L // 2]["ppl"] / window[L]["ppl"])
+    assert window[L // 2]["ppl_rel_lo"] <= window[L // 2]["ppl_rel"] <= window[L // 2]["ppl_rel_hi"]
+    alone = evaluate(
+        tiny("rope"),
+        stream,
+        tmp_path / "alone",
+        controls=(),
+        methods=[{"name": "window", "window": L // 2}],
+        eval_cfg=half,
+    )
+    for length, row in rows_of(alone, "window").items():
+        assert same(window[length], row), length

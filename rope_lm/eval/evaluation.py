@@ -554,7 +554,11 @@ def evaluate_lengths(
     try:
         for L in order:
             if L in kept:
-                row = done[L] = kept[L]
+                row = kept[L]
+                if "ppl_rel" not in row and (reference is not None or L == train_len):
+                    # Another method's row taken for this one (runs.eval_run._plain_rows): relative to this one's L.
+                    row = {**row, **_relative(row, kept_units.get(L), reference, cfg, L, train_len)}
+                done[L] = row
                 rows.append(row)
                 if units_out is not None and L in kept_units:
                     units_out[L] = kept_units[L]
@@ -578,13 +582,7 @@ def evaluate_lengths(
             if L == train_len:
                 reference = (row, units)
             if reference is not None:
-                ref_row, ref_units = reference
-                row["ppl_rel"] = row["ppl"] / ref_row["ppl"]
-                if L != train_len:
-                    if ref_units is not None:  # None: kept from an earlier sitting, with no intervals asked for
-                        row.update(bootstrap.ratio_interval(units, ref_units, cfg.bootstrap, cfg.seed, L))
-                elif cfg.bootstrap:
-                    row.update(ppl_rel_lo=1.0, ppl_rel_hi=1.0, ppl_rel_paired=True)
+                row.update(_relative(row, units, reference, cfg, L, train_len))
             rows.append(row)
             done[L] = row
             while next_up in done:
@@ -595,6 +593,26 @@ def evaluate_lengths(
         bar.close()
         model.train(was_training)
     return sorted(rows, key=lambda r: r["length"])
+
+
+# A row's PPL relative to its method's at the training length, with that ratio's interval.
+RELATIVE_KEYS = ("ppl_rel", "ppl_rel_lo", "ppl_rel_hi", "ppl_rel_paired")
+
+
+def _relative(row: dict, units, reference: tuple | None, cfg: EvalConfig, L: int, train_len: int) -> dict:
+    """ppl_rel of a row at L over the reference row (the same method at the training length), and its paired
+    interval from both rows' windows where both are held (units None: a row kept without them)."""
+    if L == train_len:
+        return (
+            dict(ppl_rel=1.0, ppl_rel_lo=1.0, ppl_rel_hi=1.0, ppl_rel_paired=True)
+            if cfg.bootstrap
+            else {"ppl_rel": 1.0}
+        )
+    ref_row, ref_units = reference
+    out = {"ppl_rel": row["ppl"] / ref_row["ppl"]}
+    if units is not None and ref_units is not None:  # None: kept from an earlier sitting, with no intervals asked for
+        out.update(bootstrap.ratio_interval(units, ref_units, cfg.bootstrap, cfg.seed, L))
+    return out
 
 
 def _progress(cfg: EvalConfig, lengths: list[int], n: int | None, plan: DocumentPlan | None):

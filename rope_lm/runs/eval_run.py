@@ -21,7 +21,7 @@ from rope_lm.data.special_tokens import mid_text_warning
 from rope_lm.data.split import DATA_ANNOTATIONS
 from rope_lm.eval import bootstrap
 from rope_lm.eval.cost import COST_KEYS
-from rope_lm.eval.evaluation import EvalConfig, eval_summary, evaluate_lengths
+from rope_lm.eval.evaluation import RELATIVE_KEYS, EvalConfig, eval_summary, evaluate_lengths
 from rope_lm.eval.report import log_to_wandb, write_views
 from rope_lm.eval.results import RESULTS_JSON, new_results
 from rope_lm.eval.units_file import UNITS_NPZ, load_units, save_units
@@ -336,8 +336,14 @@ def _plain_rows(model, results: dict, label: str, lengths: list[int], control: b
     try:
         for L in lengths:
             if L in rows and model.plain_at(L):
-                # A control's row holds no ratio to the controls (itself among them).
-                row = {k: v for k, v in rows[L].items() if k not in COST_KEYS and not (control and k == "controls")}
+                # A control's row holds no ratio to the controls (itself among them); and none's PPL relative to
+                # L is over none's at L, while this method's is over its own there (they differ where the method
+                # is plain below L only: a control narrower than L), so evaluate_lengths computes it again.
+                row = {
+                    k: v
+                    for k, v in rows[L].items()
+                    if k not in COST_KEYS and k not in RELATIVE_KEYS and not (control and k == "controls")
+                }
                 out[L] = {**row, "method": label, "same_as": plain}
     finally:
         model.train(was)
