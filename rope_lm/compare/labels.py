@@ -97,9 +97,9 @@ def distinct_labels(entries: list[tuple]) -> list[str]:
     rows of one scope (a table) must not share a name. Every row of a base
     label that clashes somewhere gets the fewest of the settings the clashing
     rows differ in that tell them apart (fewest_keys; so one label reads the
-    same in every scope: a budget sweep's train.steps=1000 / 10000); rows that still clash get their seeds where
-    those tell them apart (seed replicas: "rope (seed=1)"), else their
-    folders (the same settings twice)."""
+    same in every scope: a budget sweep's train.steps=1000 / 10000); rows
+    that still clash get their seeds where those tell them apart (seed
+    replicas: "rope (seed=1)"), else their folders (the same settings twice)."""
     labels = [base for _, base, _, _, _ in entries]
 
     def clashes():
