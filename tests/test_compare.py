@@ -439,6 +439,22 @@ def test_a_seed_aggregate_needs_the_same_settings(tmp_path):
     ]
 
 
+def test_a_seed_aggregate_is_named_by_the_setting_that_tells_it_apart(tmp_path):
+    """Two RoPE bases, two seeds each: the aggregates read "rope (pos.base=10) (2 seeds)", as their runs are
+    named less their seed, not "rope" and "rope #2"."""
+    for base in (10, 10000):
+        for seed in (0, 1):
+            write_run(tmp_path / "s" / f"b{base}_s{seed}", "rope", seed=seed, config={"pos": {"base": base}})
+    summary = compare([str(tmp_path / "s")], str(tmp_path / "o"))
+    (g,) = summary["groups"]
+    assert sorted(a.label for a in g.seed_aggregates()) == [
+        "rope (pos.base=10) (2 seeds)",
+        "rope (pos.base=10000) (2 seeds)",
+    ]
+    labels = {r["label"] for r in read_csv(tmp_path / "o" / "compare_seeds.csv")}
+    assert labels == {"rope (pos.base=10) (2 seeds)", "rope (pos.base=10000) (2 seeds)"}
+
+
 def test_within_noise_rule_overlapping_intervals():
     from rope_lm.compare.noise import within_noise
 

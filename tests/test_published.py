@@ -994,6 +994,57 @@ def test_alibi_flat_and_alibi_reading_past_l_are_two_claims(tmp_path):
     assert R.ratio_at_most(FLAT, straddles).verdict == R.TIED
 
 
+def seeded_alibi_and_window(gains: list[float], spread=0.02) -> list[dict]:
+    """ALiBi and ALiBi cut to L, one pair of runs a seed, each run's interval +- `spread` (so the unpaired
+    intervals of the two always overlap); past L seed s's ALiBi is gains[s] x its own window's PPL."""
+    rows = []
+    for seed, gain in enumerate(gains):
+        at_l = 100.0 + 5 * seed  # seeds differ far more than the gain: only pairing by seed sees it
+        for length, rel in ((64, 1.0), (128, 0.97), (256, 0.96)):
+            for method, factor in (("none", gain if length > 64 else 1.0), ("window", 1.0)):
+                value = rel * factor
+                rows.append(
+                    {
+                        "scheme": "alibi",
+                        "method": method,
+                        "label": f"alibi{' + window' * (method == 'window')} (seed={seed})",
+                        "seed": seed,
+                        "train_len": 64,
+                        "length": length,
+                        "ratio": length / 64,
+                        "ppl": at_l * value,
+                        "ppl_rel": value,
+                        "ppl_rel_lo": value - spread,
+                        "ppl_rel_hi": value + spread,
+                    }
+                )
+    return rows
+
+
+def test_reading_past_l_is_a_paired_ratio_over_seeds_not_two_overlapping_intervals():
+    """Each seed's ALiBi 0.2-0.4% below itself cut to L: the unpaired intervals overlap (tied on them),
+    the per-seed ratio's t-interval over 3 seeds lies below 1: matched. One seed the other way: the
+    interval straddles 1 (training noise decides); every seed above: not matched."""
+    v = R.beats_own_window(USES_CONTEXT, seeded_alibi_and_window([0.996, 0.997, 0.998]))
+    assert v.verdict == R.MATCHED, v
+    assert "alibi / alibi+window, paired over 3 seeds: 2 x L 0.997 [0.995, 0.999]" in v.ours
+    assert R.beats_own_window(USES_CONTEXT, seeded_alibi_and_window([0.99, 0.995, 1.01])).verdict == R.TIED
+    assert R.beats_own_window(USES_CONTEXT, seeded_alibi_and_window([1.01, 1.02, 1.015])).verdict == R.NOT_MATCHED
+    # One seed of each: no t-interval over seeds; no paired column either: the unpaired intervals (tied)
+    one = [r for r in seeded_alibi_and_window([0.996, 0.997, 0.998]) if r["seed"] == 0]
+    v = R.beats_own_window(USES_CONTEXT, one)
+    assert v.verdict == R.TIED and "(unpaired intervals)" in v.ours
+    # ... with the evaluation's paired bootstrap on the same windows (compare.csv's paired_with): read on it
+    paired = [
+        dict(r, paired_with={"alibi + window (seed=0)": {"ratio": 0.996, "lo": 0.994, "hi": 0.998, "units": 64}})
+        if r["method"] == "none" and r["length"] > 64
+        else r
+        for r in one
+    ]
+    v = R.beats_own_window(USES_CONTEXT, paired)
+    assert v.verdict == R.MATCHED and "paired on the same windows: 2 x L 0.996 [0.994, 0.998] over 64" in v.ours
+
+
 def test_a_claim_missing_a_setting_of_its_rule_is_refused_before_any_reading(tmp_path):
     c = claim(id="flat", rule="ratio_at_most", series="alibi", from_multiplier=2)
     with pytest.raises(ConfigError, match="'flat' .*needs series, from_multiplier, max .missing: max"):

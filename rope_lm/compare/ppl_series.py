@@ -188,7 +188,12 @@ class Group:
             if len({s.seed for s in members}) < 2 or len({s.seed for s in members}) != len(members):
                 continue  # one seed, or a seed run twice: nothing to aggregate, or not a seed replica
             members = sorted(members, key=lambda s: s.seed)
+            # The runs' own name without its seed ("rope (pos.p_rope=0.75) (seed=1)" -> "rope (pos.p_rope=0.75)"),
+            # so an aggregate reads as the setting that tells it from the others; a number only where none does.
+            named = {re.sub(r" \(seed=[^)]*\)", "", s.label) for s in members}
             base = members[0].scheme if members[0].method == "none" else f"{members[0].scheme} + {members[0].method}"
+            if len(named) == 1 and all(s.label for s in members):
+                base = named.pop()
             names[base] = names.get(base, 0) + 1
             label = base if names[base] == 1 else f"{base} #{names[base]}"
             out.append(SeedAggregate(f"{label} ({len(members)} seeds)", members))

@@ -322,8 +322,12 @@ def ppl_order(claim: dict, rows: list[dict]) -> Verdict:
 
 
 def _below_control(series: str, control: str, rows: list[dict], ks: list[float], lead: str) -> Verdict:
-    """The series' relative PPL below the window-L control's beyond both
-    intervals at every multiplier of `ks`; `lead`: what was shown before."""
+    """The series below its window-L control at every multiplier of `ks`, read on the paired ratio
+    PPL(series) / PPL(control) where the study has one: over seeds (the t-interval of the per-seed log ratio,
+    training noise included) where both ran two or more common seeds, else one model's paired bootstrap on
+    the same windows; only a study that kept neither is read on the two unpaired intervals. At L the two
+    are one model scoring the same windows, so the ratio of PPLs past L is the ratio of relative PPLs.
+    `lead`: what was shown before."""
     s, w = _series(rows, series), _series(rows, control)
     if not w:
         return Verdict(f"{lead}control missing: no {control} (window-L) run in this study", NOT_COMPARABLE)
@@ -333,13 +337,27 @@ def _below_control(series: str, control: str, rows: list[dict], ks: list[float],
             f"{lead}control missing: no {control} result at {', '.join(f'{k:g}' for k in missing)} x L",
             NOT_COMPARABLE,
         )
-    if not all("ppl_rel_band" in s[k] and "ppl_rel_band" in w[k] for k in ks):
+    a, b = _per_seed(rows, series), _per_seed(rows, control)
+    if all(len((set(a.get(k, {})) & set(b.get(k, {}))) - {None}) >= 2 for k in ks):
+        verdict, why = _paired_against({"series": series, "from_multiplier": ks[0]}, rows, control)
+        return Verdict(f"{lead}{why}", verdict)
+    pairs = {k: _pair(s[k], w[k]) for k in ks}
+    if all(p is not None for p in pairs.values()):
+        sep = {k: _separated(s[k], w[k], "ppl") for k in ks}
+        shown = f"{lead}{series} / {control}, paired on the same windows: " + "; ".join(
+            f"{k:g} x L {_paired_text(p)}" for k, p in pairs.items()
+        )
+    elif all("ppl_rel_band" in s[k] and "ppl_rel_band" in w[k] for k in ks):
+        sep = {k: _separated(s[k], w[k], "ppl_rel") for k in ks}
+        far = ks[-1]
+        shown = (
+            f"{lead}at {far:g} x L {_shown(series, s[far], 'ppl_rel')} vs {_shown(control, w[far], 'ppl_rel')} "
+            f"(unpaired intervals)"
+        )
+    else:
         return Verdict(
             f"{lead}no intervals or seeds in this study to tell it from the {control} control", NOT_COMPARABLE
         )
-    sep = {k: _separated(s[k], w[k], "ppl_rel") for k in ks}
-    far = ks[-1]
-    shown = f"{lead}at {far:g} x L {_shown(series, s[far], 'ppl_rel')} vs {_shown(control, w[far], 'ppl_rel')}"
     worse = [f"{k:g}" for k, v in sep.items() if v is False]
     if worse:
         return Verdict(f"{shown}; above the control beyond the intervals at {', '.join(worse)} x L", NOT_MATCHED)
@@ -353,14 +371,16 @@ def _below_control(series: str, control: str, rows: list[dict], ks: list[float],
     ("series", "from_multiplier"),
     lambda c: (
         f"{c['series']}: PPL(k x L) / PPL(L) below {c['series']}+{WINDOW_CONTROL}'s (the same model, attention "
-        f"cut to its last L keys) beyond the intervals, for every k >= {c['from_multiplier']}"
+        f"cut to its last L keys), for every k >= {c['from_multiplier']}: the paired ratio's interval below 1 "
+        f"(over seeds, else on the same windows)"
     ),
 )
 def beats_own_window(claim: dict, rows: list[dict]) -> Verdict:
     """The series reads context past L: at every multiplier from
     `from_multiplier` on, its PPL relative to its PPL at L is below that of
     the same model evaluated with attention cut to its last L keys (the
-    series `<series>+window`), beyond both intervals. Only the model's own
+    series `<series>+window`), read on their paired ratio (_below_control:
+    over seeds, else on the same windows). Only the model's own
     window-L control says this: another model cut to L differs in more than
     the context it reads, so a study without `<series>+window` runs is not
     comparable. The series is a scheme (the window is its method)."""
@@ -886,7 +906,11 @@ def _paired_against(claim: dict, rows: list[dict], reference: str) -> tuple[str,
                 f"{len(common)} seed{'s' * (len(common) != 1)} of both {name} and {reference} at {k:g} x L: the "
                 f"t-interval over seeds needs 2 or more"
             )
-        parts.append(f"{k:g} x L {math.exp(st['mean']):.3f} [{math.exp(st['lo']):.3f}, {math.exp(st['hi']):.3f}]")
+        ratios = [math.exp(st[c]) for c in ("mean", "lo", "hi")]
+        # Four decimals where the whole interval sits within half a percent of 1 (a window control's gain),
+        # which three would print as "1.000 [0.999, 1.000]".
+        d = 4 if all(abs(r - 1) < 0.005 for r in ratios) else 3
+        parts.append(f"{k:g} x L {ratios[0]:.{d}f} [{ratios[1]:.{d}f}, {ratios[2]:.{d}f}]")
         verdicts[k] = in_band((math.exp(st["lo"]), math.exp(st["hi"])), hi=bound)
         n = st["n"]
     shown = f"{name} / {reference}, paired over {n} seeds: " + "; ".join(parts)
