@@ -453,6 +453,19 @@ def test_runs_of_other_settings_are_not_averaged_as_seeds(tmp_path):
     )
 
 
+def test_a_comparison_folder_is_read_alone_not_with_a_comparison_kept_below_it(tmp_path):
+    """docs/results/<study> holding its compare.csv and, in a subfolder, an older comparison of other runs:
+    the check reads the study's own table; a folder without one of its own is still searched below."""
+    out = tmp_path / "study"
+    write_run(tmp_path / "new" / "rope_s0", "rope", {"none": lambda L: 10.0 * L / 64}, seed=0)
+    write_run(tmp_path / "old" / "rope_s0", "rope", {"none": lambda L: 30.0 * L / 64}, seed=0)
+    compare([str(tmp_path / "new")], str(out))
+    compare([str(tmp_path / "old")], str(out / "first_runs"))
+    ppl = {r["length"]: r["ppl"] for r in P.ppl_rows([str(out)]) if r["scheme"] == "rope"}
+    assert ppl == {64: 10.0, 128: 20.0, 256: 40.0}
+    assert len([r for r in P.ppl_rows([str(tmp_path)]) if r["scheme"] == "rope"]) == 6  # no table of its own
+
+
 def test_a_study_entry_may_be_several_folders_read_together(tmp_path):
     root = sweep(tmp_path, rel_half=0.01)
     runs = sorted(os.path.join(root, d) for d in os.listdir(root))
