@@ -89,18 +89,15 @@ def ppl_rows(paths: list[str]) -> list[dict]:
 
     rows = []
     for p in paths:
-        top = os.path.join(p, "compare.csv")
         # A comparison's own folder is read alone: a compare.csv below it is another comparison's (an
         # archived first run kept beside it), whose rows would otherwise be averaged in as seeds.
-        found = (
-            [p]
-            if os.path.isfile(p)
-            else [top]
-            if os.path.isfile(top)
-            else files_named(p, "compare.csv")
-            if os.path.isdir(p)
-            else []
-        )
+        top = os.path.join(p, "compare.csv")
+        if os.path.isfile(p):
+            found = [p]
+        elif os.path.isfile(top):
+            found = [top]
+        else:
+            found = files_named(p, "compare.csv") if os.path.isdir(p) else []
         if found:
             for f in found:
                 rows += _read_csv(f)

@@ -911,7 +911,7 @@ def _paired_against(claim: dict, rows: list[dict], reference: str) -> tuple[str,
         # which three would print as "1.000 [0.999, 1.000]".
         d = 4 if all(abs(r - 1) < 0.005 for r in ratios) else 3
         parts.append(f"{k:g} x L {ratios[0]:.{d}f} [{ratios[1]:.{d}f}, {ratios[2]:.{d}f}]")
-        verdicts[k] = in_band((math.exp(st["lo"]), math.exp(st["hi"])), hi=bound)
+        verdicts[k] = in_band((ratios[1], ratios[2]), hi=bound)
         n = st["n"]
     shown = f"{name} / {reference}, paired over {n} seeds: " + "; ".join(parts)
     for verdict, why in ((NOT_MATCHED, "above"), (TIED, "straddling")):
